@@ -1,0 +1,124 @@
+"""Model bundles on disk (DESIGN.md §3): locating, reading and verifying them. Shared by both sides."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .dims import ModelDimensions
+from .errors import ModelError
+
+CONTRACT_VERSION = 1
+CONFIG_NAME = "config.json"
+COMPONENTS = ("MelSpectrogram", "AudioEncoder", "TextDecoder", "TextDecoderContextPrefill")
+
+
+def default_models_dir() -> Path:
+    """``$WHISPERANE_MODELS``, else ``./models`` when it exists (a checkout), else the user cache."""
+    env = os.environ.get("WHISPERANE_MODELS")
+    if env:
+        return Path(env)
+    local = Path("models")
+    if local.is_dir():
+        return local
+    cache = os.environ.get("WHISPERANE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "whisperane")
+    return Path(cache) / "models"
+
+
+def hash_path(path: Path) -> str:
+    """sha256 of a file, or of a directory's files (relative names and contents, in sorted order)."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def rebuild_command(cfg: dict | None, bundle: Path) -> str:
+    source = (cfg or {}).get("source", {})
+    name = (cfg or {}).get("name") or bundle.name
+    src = source.get("origin", "").startswith("local:") and source.get("path") or name
+    return f"whisperane convert {src} --out {bundle} --force"
+
+
+def read_config(bundle: Path) -> dict:
+    path = bundle / CONFIG_NAME
+    if not bundle.is_dir():
+        raise ModelError(f"{bundle}: no model bundle here; build one with: whisperane convert {bundle.name}")
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(
+            f"{path}: missing (the bundle is incomplete); rebuild it with: {rebuild_command(None, bundle)}"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: unreadable ({e}); rebuild it with: {rebuild_command(None, bundle)}") from None
+    version = cfg.get("contract_version")
+    if version != CONTRACT_VERSION:
+        raise ModelError(
+            f"{bundle}: bundle contract version {version} but this whisperane reads version {CONTRACT_VERSION}; "
+            f"rebuild it with: {rebuild_command(cfg, bundle)}"
+        )
+    return cfg
+
+
+def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None) -> None:
+    """Check the sha256 of the listed files (all when ``names`` is None): missing, truncated, tampered."""
+    files: dict[str, str] = cfg.get("files") or {}
+    for rel in names if names is not None else list(files):
+        expected = files.get(rel)
+        path = bundle / rel
+        if expected is None:
+            raise ModelError(f"{path}: not listed in {CONFIG_NAME}; rebuild with: {rebuild_command(cfg, bundle)}")
+        if not path.exists():
+            raise ModelError(f"{path}: missing; rebuild the bundle with: {rebuild_command(cfg, bundle)}")
+        if hash_path(path) != expected:
+            raise ModelError(
+                f"{path}: checksum mismatch (corrupted or modified); rebuild the bundle with: {rebuild_command(cfg, bundle)}"
+            )
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """What the run side needs from config.json."""
+
+    path: Path
+    config: dict
+    dims: ModelDimensions
+    cache_length: int
+    prefill_length: int
+    multilingual: bool
+    special_tokens: dict
+    languages: dict
+    alignment_heads: tuple[tuple[int, int], ...]
+    suppress_tokens: tuple[int, ...]
+
+    @classmethod
+    def load(cls, bundle: Path) -> BundleInfo:
+        cfg = read_config(bundle)
+        try:
+            return cls(
+                path=bundle,
+                config=cfg,
+                dims=ModelDimensions.from_dict(cfg["dims"]),
+                cache_length=int(cfg["cache_length"]),
+                prefill_length=int(cfg["prefill_length"]),
+                multilingual=bool(cfg["multilingual"]),
+                special_tokens=dict(cfg["special_tokens"]),
+                languages=dict(cfg["languages"]),
+                alignment_heads=tuple(tuple(h) for h in cfg["alignment_heads"]),
+                suppress_tokens=tuple(cfg["suppress_tokens"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelError(f"{bundle / CONFIG_NAME}: malformed ({e}); rebuild with: {rebuild_command(cfg, bundle)}") from None
+
+    def component_file(self, name: str, fmt: str) -> Path | None:
+        rel = self.config.get("components", {}).get(name, {}).get(fmt)
+        return None if rel is None else self.path / rel

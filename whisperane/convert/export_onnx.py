@@ -1,0 +1,110 @@
+"""ONNX export of the components (fp32, weights as initializers so later quantization can reach them)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from ..dims import ModelDimensions
+
+OPSET = 17
+
+
+def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], dynamic: dict) -> Path:
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    if "token_embedding.weight" in {i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer}:
+        tie_output_projection(path)
+    return path
+
+
+def tie_output_projection(path: Path) -> None:
+    """Make the logits Gemm read the token embedding itself (transB=1) instead of a folded transposed copy.
+
+    The exporter writes ``linear(x, W)`` as ``MatMul(x, W^T)`` and constant folding stores W^T as a second
+    initializer: for tiny.en that is 80 MB more on disk and in memory, read on every decoder step.
+    """
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    emb = inits["token_embedding.weight"]
+    v, d = emb.dims
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits and list(inits[node.input[1]].dims) == [d, v]:
+            copy = node.input[1]
+            gemm = onnx.helper.make_node("Gemm", [node.input[0], emb.name], list(node.output), name=node.name + "_tied", transB=1)
+            idx = list(model.graph.node).index(node)
+            model.graph.node.remove(node)
+            model.graph.node.insert(idx, gemm)
+            if not any(copy in n.input for n in model.graph.node):
+                model.graph.initializer.remove(inits[copy])
+            break
+    onnx.save(model, str(path))
+
+
+def export_mel(module, path: Path) -> Path:
+    audio = torch.zeros(480000)
+    return _export(module, (audio,), path, ["audio"], ["melspectrogram_features"], {})
+
+
+def export_encoder(module, dims: ModelDimensions, path: Path) -> Path:
+    mel = torch.zeros(1, dims.n_mels, 1, 3000)
+    outs = ["encoder_output_embeds", "encoder_attn_key_cache", "encoder_attn_value_cache"]
+    dyn = {n: {0: "batch"} for n in ["melspectrogram_features", *outs]}
+    return _export(module, (mel,), path, ["melspectrogram_features"], outs, dyn)
+
+
+def decoder_example(dims: ModelDimensions, cache_length: int, batch: int = 1):
+    dl = dims.n_text_state * dims.n_text_layer
+    s = cache_length
+    return dict(
+        input_ids=torch.zeros(batch, dtype=torch.int32),
+        cache_length=torch.zeros(batch, dtype=torch.int32),
+        key_cache=torch.zeros(batch, dl, 1, s),
+        value_cache=torch.zeros(batch, dl, 1, s),
+        kv_cache_update_mask=torch.zeros(batch, s),
+        decoder_key_padding_mask=torch.zeros(batch, s),
+        encoder_attn_key_cache=torch.zeros(1, dl, 1, dims.n_audio_ctx),
+        encoder_attn_value_cache=torch.zeros(1, dl, 1, dims.n_audio_ctx),
+    )
+
+
+DECODER_OUTPUTS = ["logits", "key_cache_updates", "value_cache_updates", "alignment_heads_weights"]
+
+
+def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
+    ex = decoder_example(dims, cache_length)
+    dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
+    dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
+    dyn.update({n: {0: "batch"} for n in DECODER_OUTPUTS})
+    return _export(module, tuple(ex.values()), path, list(ex), DECODER_OUTPUTS, dyn)
+
+
+def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
+    ex = decoder_example(dims, cache_length)
+    del ex["kv_cache_update_mask"]
+    ex["input_ids"] = torch.zeros(1, 3, dtype=torch.int32)
+    dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
+    dyn["input_ids"] = {0: "batch", 1: "tokens"}
+    dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
+    dyn.update({"logits": {0: "batch", 1: "tokens"}, "key_cache_updates": {0: "batch", 3: "tokens"},
+                "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 2: "tokens"}})  # fmt: skip
+    return _export(module, tuple(ex.values()), path, list(ex), DECODER_OUTPUTS, dyn)
+
+
+def export_prefill(module, path: Path) -> Path:
+    args = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+    return _export(module, args, path, ["task", "language"], ["key_cache_prefill", "value_cache_prefill"], {})

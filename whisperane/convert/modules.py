@@ -1,0 +1,431 @@
+"""Torch modules of the four components in the ANE style (BC1S layout, 1x1 Conv2d projections).
+
+Tensors are (batch, channels, 1, sequence). LayerNorm normalizes the channel axis, projections are 1x1
+convolutions, the key projections carry no bias, the output projection reuses the token embedding, and the
+conv stem runs as Conv2d on [B, M, 1, T]. Attention is computed by an interchangeable implementation
+(:data:`SDPA_IMPLEMENTATIONS`) chosen per component with one argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..audio import HOP_LENGTH, N_FFT, N_SAMPLES, mel_filters
+from ..dims import ModelDimensions
+
+MASK_VALUE = -1e4  # additive mask; -inf would turn fully masked rows into NaN and overflows nothing in fp16
+
+
+# --- attention implementations --------------------------------------------------------------------------
+# q: [B, H, Dh, Tq], k/v: [B', H, Dh, Tk] with B' == B or 1 (broadcast), mask: additive, broadcastable to
+# [B, H, Tq, Tk]. Return (out [B, H, Dh, Tq], weights [B, H, Tq, Tk] softmaxed).
+
+
+def sdpa_einsum(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One batched product each way: the compact form for the one-token decoder."""
+    scale = q.shape[2] ** -0.5
+    scores = torch.matmul(q.transpose(2, 3), k) * scale  # [B, H, Tq, Tk]
+    if mask is not None:
+        scores = scores + mask
+    w = scores.softmax(dim=-1)
+    out = torch.matmul(v, w.transpose(2, 3))  # [B, H, Dh, Tq]
+    return out, w
+
+
+def sdpa_split_heads(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One product per head (ml-ane-transformers' split-einsum form): keeps every tensor rank-3 for the ANE."""
+    scale = q.shape[2] ** -0.5
+    outs, ws = [], []
+    for h in range(q.shape[1]):
+        s = torch.einsum("bdq,bdk->bqk", q[:, h], k[:, h]) * scale
+        if mask is not None:
+            s = s + (mask[:, 0] if mask.dim() == 4 else mask)
+        w = s.softmax(dim=-1)
+        outs.append(torch.einsum("bqk,bdk->bdq", w, v[:, h]))
+        ws.append(w)
+    return torch.stack(outs, dim=1), torch.stack(ws, dim=1)
+
+
+def sdpa_chunked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, chunk: int = 500) -> tuple[Tensor, Tensor]:
+    """Queries in blocks: bounds the score matrix of the 1500-frame encoder to chunk x 1500."""
+    outs, ws = [], []
+    for start in range(0, q.shape[3], chunk):
+        m = None if mask is None else mask[..., start : start + chunk, :] if mask.shape[-2] > 1 else mask
+        o, w = sdpa_einsum(q[..., start : start + chunk], k, v, m)
+        outs.append(o)
+        ws.append(w)
+    return torch.cat(outs, dim=3), torch.cat(ws, dim=2)
+
+
+SDPA_IMPLEMENTATIONS = {"einsum": sdpa_einsum, "split_heads": sdpa_split_heads, "chunked": sdpa_chunked}
+
+
+# --- building blocks ------------------------------------------------------------------------------------
+
+
+class LayerNormANE(nn.Module):
+    """LayerNorm over the channel axis of a BC1S tensor."""
+
+    def __init__(self, n: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.bias = nn.Parameter(torch.zeros(n))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = x.mean(dim=1, keepdim=True)
+        xc = x - mean
+        var = (xc * xc).mean(dim=1, keepdim=True)
+        return xc * torch.rsqrt(var + self.eps) * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
+
+
+def conv1x1(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:
+    return nn.Conv2d(n_in, n_out, kernel_size=1, bias=bias)
+
+
+def split_heads(x: Tensor, n_head: int) -> Tensor:
+    """[B, d, 1, T] -> [B, H, Dh, T]."""
+    b, d, _, t = x.shape
+    return x.reshape(b, n_head, d // n_head, t)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    b, h, dh, t = x.shape
+    return x.reshape(b, h * dh, 1, t)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.fc1 = conv1x1(d, 4 * d)
+        self.fc2 = conv1x1(4 * d, d)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SelfAttentionProj(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.query = conv1x1(d, d)
+        self.key = conv1x1(d, d, bias=False)
+        self.value = conv1x1(d, d)
+        self.out = conv1x1(d, d)
+
+
+class CrossAttentionProj(nn.Module):
+    """Decoder side of cross attention: the key/value projections live in the encoder (see AudioEncoder)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.query = conv1x1(d, d)
+        self.out = conv1x1(d, d)
+
+
+# --- MelSpectrogram -------------------------------------------------------------------------------------
+
+
+class MelSpectrogram(nn.Module):
+    """audio [480000] -> log-mel [1, M, 1, 3000], as openai-whisper's log_mel_spectrogram.
+
+    The STFT is a strided Conv1d over a windowed DFT basis, which exports to every target.
+    """
+
+    def __init__(self, n_mels: int):
+        super().__init__()
+        n_bins = N_FFT // 2 + 1
+        window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)  # periodic Hann
+        freqs = np.arange(n_bins)[:, None] * np.arange(N_FFT)[None, :] * 2 * np.pi / N_FFT
+        basis = np.concatenate([np.cos(freqs) * window, -np.sin(freqs) * window], axis=0)
+        self.register_buffer("dft_basis", torch.from_numpy(basis.astype(np.float32))[:, None, :])
+        self.register_buffer("mel_filters", torch.from_numpy(mel_filters(n_mels)))
+        self.n_bins = n_bins
+
+    def forward(self, audio: Tensor) -> Tensor:
+        x = F.pad(audio.reshape(1, 1, -1), (N_FFT // 2, N_FFT // 2), mode="reflect")
+        spec = F.conv1d(x, self.dft_basis, stride=HOP_LENGTH)[:, :, :-1]  # drop the last frame
+        real, imag = spec[:, : self.n_bins], spec[:, self.n_bins :]
+        power = real * real + imag * imag  # [1, 201, 3000]
+        mel = torch.matmul(self.mel_filters, power)  # [1, M, 3000]
+        log_spec = torch.clamp(mel, min=1e-10).log10()
+        log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+        return ((log_spec + 4.0) / 4.0).unsqueeze(2)
+
+
+# --- AudioEncoder ---------------------------------------------------------------------------------------
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, d: int, n_head: int, sdpa):
+        super().__init__()
+        self.attn = SelfAttentionProj(d)
+        self.attn_ln = LayerNormANE(d)
+        self.mlp = MLP(d)
+        self.mlp_ln = LayerNormANE(d)
+        self.n_head = n_head
+        self.sdpa = sdpa
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.attn_ln(x)
+        q, k, v = (split_heads(p(h), self.n_head) for p in (self.attn.query, self.attn.key, self.attn.value))
+        o, _ = self.sdpa(q, k, v, None)
+        x = x + self.attn.out(merge_heads(o))
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    """mel [B, M, 1, 3000] -> (encoder_output_embeds [B, d, 1, F], cross K cache, cross V cache [B, d*L, 1, F])."""
+
+    def __init__(self, dims: ModelDimensions, sdpa: str = "chunked"):
+        super().__init__()
+        d = dims.n_audio_state
+        self.conv1 = nn.Conv2d(dims.n_mels, d, kernel_size=(1, 3), padding=(0, 1))
+        self.conv2 = nn.Conv2d(d, d, kernel_size=(1, 3), stride=(1, 2), padding=(0, 1))
+        self.register_buffer("positional_embedding", torch.zeros(d, dims.n_audio_ctx))
+        fn = SDPA_IMPLEMENTATIONS[sdpa]
+        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head, fn) for _ in range(dims.n_audio_layer))
+        self.ln_post = LayerNormANE(d)
+        # The decoder's cross-attention key/value projections, computed once per window here.
+        self.cross_key = nn.ModuleList(conv1x1(d, dims.n_text_state, bias=False) for _ in range(dims.n_text_layer))
+        self.cross_value = nn.ModuleList(conv1x1(d, dims.n_text_state) for _ in range(dims.n_text_layer))
+
+    def forward(self, mel: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x))
+        x = x + self.positional_embedding.unsqueeze(0).unsqueeze(2)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_post(x)
+        k = torch.cat([p(x) for p in self.cross_key], dim=1)
+        v = torch.cat([p(x) for p in self.cross_value], dim=1)
+        return x, k, v
+
+
+# --- TextDecoder ----------------------------------------------------------------------------------------
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.attn = SelfAttentionProj(d)
+        self.attn_ln = LayerNormANE(d)
+        self.cross_attn = CrossAttentionProj(d)
+        self.cross_attn_ln = LayerNormANE(d)
+        self.mlp = MLP(d)
+        self.mlp_ln = LayerNormANE(d)
+        self.n_head = n_head
+
+
+class TextDecoderBase(nn.Module):
+    def __init__(self, dims: ModelDimensions, alignment_heads: list[tuple[int, int]], sdpa: str = "einsum"):
+        super().__init__()
+        d = dims.n_text_state
+        self.dims = dims
+        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.positional_embedding = nn.Parameter(torch.zeros(dims.n_text_ctx, d))
+        self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
+        self.ln = LayerNormANE(d)
+        self.alignment_heads = [tuple(h) for h in alignment_heads]
+        self.sdpa = SDPA_IMPLEMENTATIONS[sdpa]
+
+    def layer_slice(self, cache: Tensor, layer: int) -> Tensor:
+        d = self.dims.n_text_state
+        return cache[:, layer * d : (layer + 1) * d]
+
+    def run_blocks(
+        self, x: Tensor, self_kv, self_mask: Tensor, enc_k: Tensor, enc_v: Tensor
+    ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Tensor]]:
+        """x [B, d, 1, T]. ``self_kv(layer, k, v)`` returns the full keys/values this layer attends over."""
+        new_k, new_v, align = [], [], []
+        for i, block in enumerate(self.blocks):
+            h = block.attn_ln(x)
+            q, k, v = block.attn.query(h), block.attn.key(h), block.attn.value(h)
+            new_k.append(k)
+            new_v.append(v)
+            k_all, v_all = self_kv(i, k, v)
+            o, _ = self.sdpa(split_heads(q, block.n_head), split_heads(k_all, block.n_head), split_heads(v_all, block.n_head), self_mask)
+            x = x + block.attn.out(merge_heads(o))
+            h = block.cross_attn_ln(x)
+            q = split_heads(block.cross_attn.query(h), block.n_head)
+            ek = split_heads(self.layer_slice(enc_k, i), block.n_head)
+            ev = split_heads(self.layer_slice(enc_v, i), block.n_head)
+            o, w = self.sdpa(q, ek, ev, None)  # w [B, H, T, F]
+            align += [w[:, head] for layer, head in self.alignment_heads if layer == i]
+            x = x + block.cross_attn.out(merge_heads(o))
+            x = x + block.mlp(block.mlp_ln(x))
+        return self.ln(x), new_k, new_v, align
+
+    def logits(self, x: Tensor) -> Tensor:
+        """x [B, d, 1, T] -> [B, T, V] with the tied embedding.
+
+        A 2-D ``linear`` exports as Gemm(transB=1) on the embedding initializer itself: a 3-D matmul against
+        ``weight.t()`` would be constant-folded into a second, transposed copy of the largest tensor.
+        """
+        b, d, _, t = x.shape
+        flat = x.reshape(b, d, t).transpose(1, 2).reshape(b * t, d)
+        return F.linear(flat, self.token_embedding.weight).reshape(b, t, -1)
+
+
+class TextDecoder(TextDecoderBase):
+    """One token per call over a fixed-length cache of S positions (one-hot update mask)."""
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [B] int32
+        cache_length: Tensor,  # [B] int32
+        key_cache: Tensor,  # [B, d*L, 1, S]
+        value_cache: Tensor,
+        kv_cache_update_mask: Tensor,  # [B, S]
+        decoder_key_padding_mask: Tensor,  # [B, S]
+        encoder_attn_key_cache: Tensor,  # [1 or B, d*L, 1, F]
+        encoder_attn_value_cache: Tensor,
+    ):
+        x = self.token_embedding(input_ids.long()) + self.positional_embedding[cache_length.long()]
+        x = x.unsqueeze(2).unsqueeze(3)  # [B, d, 1, 1]
+        upd = kv_cache_update_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
+        keep = 1.0 - upd
+
+        def self_kv(i: int, k: Tensor, v: Tensor):
+            return (self.layer_slice(key_cache, i) * keep + k * upd, self.layer_slice(value_cache, i) * keep + v * upd)
+
+        mask = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
+        x, new_k, new_v, align = self.run_blocks(x, self_kv, mask, encoder_attn_key_cache, encoder_attn_value_cache)
+        logits = self.logits(x)  # [B, 1, V]
+        weights = torch.cat(align, dim=1)  # each [B, 1, F] -> [B, A, F]
+        return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
+
+
+class TextDecoderSequence(TextDecoderBase):
+    """T tokens in one call (prompts, exact prefill, the teacher-forced alignment pass).
+
+    Attends over the S cached positions (``decoder_key_padding_mask``) and causally within the T new ones;
+    returns the T new cache columns for the host to write at ``cache_length``.
+    """
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [B, T] int32
+        cache_length: Tensor,  # [B] int32: position of the first new token
+        key_cache: Tensor,
+        value_cache: Tensor,
+        decoder_key_padding_mask: Tensor,  # [B, S]
+        encoder_attn_key_cache: Tensor,
+        encoder_attn_value_cache: Tensor,
+    ):
+        t = input_ids.shape[1]
+        steps = torch.arange(t, device=input_ids.device).unsqueeze(0)
+        pos = cache_length.long().unsqueeze(1) + steps  # [B, T]
+        x = self.token_embedding(input_ids.long()) + self.positional_embedding[pos]  # [B, T, d]
+        x = x.transpose(1, 2).unsqueeze(2)  # [B, d, 1, T]
+        causal = torch.triu(torch.full((t, t), MASK_VALUE, dtype=x.dtype), diagonal=1)  # [T, T]
+        pad = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2).expand(-1, 1, t, -1)  # [B, 1, T, S]
+        mask = torch.cat([pad, causal.unsqueeze(0).unsqueeze(0).expand(pad.shape[0], 1, t, t)], dim=3)
+
+        def self_kv(i: int, k: Tensor, v: Tensor):
+            return (torch.cat([self.layer_slice(key_cache, i), k], dim=3), torch.cat([self.layer_slice(value_cache, i), v], dim=3))
+
+        x, new_k, new_v, align = self.run_blocks(x, self_kv, mask, encoder_attn_key_cache, encoder_attn_value_cache)
+        weights = torch.stack(align, dim=1)  # [B, A, T, F]
+        return self.logits(x), torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
+
+
+# --- TextDecoderContextPrefill --------------------------------------------------------------------------
+
+
+class TextDecoderContextPrefill(nn.Module):
+    """(task, language) -> K/V of the forced prefix positions, looked up from a precomputed table.
+
+    ``key_table``/``value_table``: [n_tasks, n_languages, d*L, P]. ``language`` is the token id of ``<|xx|>``;
+    ``language_offset`` maps it to a row (0 for English-only models, whose table has one language row).
+    """
+
+    def __init__(self, key_table: np.ndarray, value_table: np.ndarray, language_offset: int, n_languages: int):
+        super().__init__()
+        self.register_buffer("key_table", torch.from_numpy(key_table.astype(np.float32)))
+        self.register_buffer("value_table", torch.from_numpy(value_table.astype(np.float32)))
+        self.language_offset = language_offset
+        self.n_languages = n_languages
+
+    def forward(self, task: Tensor, language: Tensor) -> tuple[Tensor, Tensor]:
+        t = task.long().clamp(0, self.key_table.shape[0] - 1)
+        lang = (language.long() - self.language_offset).clamp(0, self.n_languages - 1)
+        k = self.key_table[t, lang]  # [1, d*L, P]
+        v = self.value_table[t, lang]
+        return k.unsqueeze(2), v.unsqueeze(2)
+
+
+# --- weights --------------------------------------------------------------------------------------------
+
+
+def _conv_weight(w: np.ndarray) -> Tensor:
+    """Linear [out, in] or Conv1d [out, in, k] -> Conv2d [out, in, 1, k]."""
+    t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    return t.reshape(t.shape[0], t.shape[1], 1, -1)
+
+
+def _load_attn(proj: nn.Module, sd: dict, prefix: str, names=("query", "key", "value", "out")) -> None:
+    for n in names:
+        getattr(proj, n).weight.data = _conv_weight(sd[f"{prefix}.{n}.weight"])
+        if getattr(proj, n).bias is not None:
+            getattr(proj, n).bias.data = torch.from_numpy(sd[f"{prefix}.{n}.bias"].astype(np.float32))
+
+
+def _load_ln(ln: LayerNormANE, sd: dict, prefix: str) -> None:
+    ln.weight.data = torch.from_numpy(sd[f"{prefix}.weight"].astype(np.float32))
+    ln.bias.data = torch.from_numpy(sd[f"{prefix}.bias"].astype(np.float32))
+
+
+def _load_mlp(mlp: MLP, sd: dict, prefix: str) -> None:
+    for mine, theirs in (("fc1", "0"), ("fc2", "2")):
+        getattr(mlp, mine).weight.data = _conv_weight(sd[f"{prefix}.{theirs}.weight"])
+        getattr(mlp, mine).bias.data = torch.from_numpy(sd[f"{prefix}.{theirs}.bias"].astype(np.float32))
+
+
+def build_encoder(ckpt, sdpa: str = "chunked") -> AudioEncoder:
+    sd, dims = ckpt.state_dict, ckpt.dims
+    enc = AudioEncoder(dims, sdpa)
+    for conv in ("conv1", "conv2"):
+        getattr(enc, conv).weight.data = _conv_weight(sd[f"encoder.{conv}.weight"])
+        getattr(enc, conv).bias.data = torch.from_numpy(sd[f"encoder.{conv}.bias"].astype(np.float32))
+    enc.positional_embedding.data = torch.from_numpy(sd["encoder.positional_embedding"].T.astype(np.float32).copy())
+    for i, b in enumerate(enc.blocks):
+        _load_attn(b.attn, sd, f"encoder.blocks.{i}.attn")
+        _load_ln(b.attn_ln, sd, f"encoder.blocks.{i}.attn_ln")
+        _load_mlp(b.mlp, sd, f"encoder.blocks.{i}.mlp")
+        _load_ln(b.mlp_ln, sd, f"encoder.blocks.{i}.mlp_ln")
+    _load_ln(enc.ln_post, sd, "encoder.ln_post")
+    for i in range(dims.n_text_layer):
+        enc.cross_key[i].weight.data = _conv_weight(sd[f"decoder.blocks.{i}.cross_attn.key.weight"])
+        enc.cross_value[i].weight.data = _conv_weight(sd[f"decoder.blocks.{i}.cross_attn.value.weight"])
+        enc.cross_value[i].bias.data = torch.from_numpy(sd[f"decoder.blocks.{i}.cross_attn.value.bias"].astype(np.float32))
+    return enc.eval()
+
+
+def build_decoder(ckpt, cls=TextDecoder, sdpa: str = "einsum") -> TextDecoderBase:
+    sd, dims = ckpt.state_dict, ckpt.dims
+    dec = cls(dims, ckpt.alignment_heads, sdpa)
+    dec.token_embedding.weight.data = torch.from_numpy(sd["decoder.token_embedding.weight"].astype(np.float32))
+    dec.positional_embedding.data = torch.from_numpy(sd["decoder.positional_embedding"].astype(np.float32))
+    for i, b in enumerate(dec.blocks):
+        p = f"decoder.blocks.{i}"
+        _load_attn(b.attn, sd, f"{p}.attn")
+        _load_ln(b.attn_ln, sd, f"{p}.attn_ln")
+        _load_attn(b.cross_attn, sd, f"{p}.cross_attn", names=("query", "out"))
+        _load_ln(b.cross_attn_ln, sd, f"{p}.cross_attn_ln")
+        _load_mlp(b.mlp, sd, f"{p}.mlp")
+        _load_ln(b.mlp_ln, sd, f"{p}.mlp_ln")
+    _load_ln(dec.ln, sd, "decoder.ln")
+    return dec.eval()
+
+
+def psnr(ref: np.ndarray, x: np.ndarray) -> float:
+    """DESIGN.md §6: 20 log10((max|ref| + 1e-5) / (RMSE + 1e-10))."""
+    ref = np.asarray(ref, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    rmse = math.sqrt(float(np.mean((ref - x) ** 2)))
+    return 20 * math.log10((float(np.abs(ref).max()) + 1e-5) / (rmse + 1e-10))

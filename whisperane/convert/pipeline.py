@@ -1,0 +1,169 @@
+"""``whisperane convert``: checkpoint -> model bundle (DESIGN.md §3).
+
+The bundle is built in a temporary sibling directory and renamed into place only when every file and the
+config (with a sha256 per file) are written, so an interrupted conversion never leaves a bundle that looks
+complete. Converting an unchanged source with the same options again is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from .. import __version__
+from ..bundle import CONTRACT_VERSION, CONFIG_NAME, default_models_dir, hash_path, verify_bundle
+from ..errors import ConversionError, ModelError
+from . import export_onnx, modules
+from .checkpoint import load_checkpoint
+from .prefill import compute_prefill_table, random_encoder_outputs
+from .sources import resolve_source
+from .tokenizer_build import build_tokenizer_json, token_config
+
+FORMATS = ("onnx", "coreml")
+
+
+def _bundle_name(source: str) -> str:
+    name = Path(str(source).rstrip("/")).name if os.path.exists(source) else str(source)
+    return name.replace("/", "--").removesuffix(".pt")
+
+
+def convert(
+    source: str,
+    out_dir: str | os.PathLike | None = None,
+    formats: tuple[str, ...] = ("onnx",),
+    cache_length: int | None = None,
+    palettize: int | None = None,
+    tokenizer_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Convert ``source`` (a model name or a checkpoint path) into a bundle and return its directory."""
+    say = progress or (lambda _msg: None)
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ConversionError(f"unknown format {bad[0]!r}; choose from {', '.join(FORMATS)}")
+    if palettize is not None and palettize not in (4, 6, 8):
+        raise ConversionError(f"--palettize takes 4, 6 or 8 bits, not {palettize}")
+    if palettize is not None and "coreml" not in formats:
+        raise ConversionError("--palettize applies to Core ML packages: add coreml to --formats")
+    resolved = resolve_source(source, progress=progress is not None)
+    out = Path(out_dir) if out_dir else default_models_dir() / _bundle_name(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    ckpt = load_checkpoint(resolved.path, resolved.format)
+    dims = ckpt.dims
+    s = cache_length or dims.n_text_ctx
+    if not 8 <= s <= dims.n_text_ctx:
+        raise ConversionError(f"--cache-length must be between 8 and {dims.n_text_ctx}, not {s}")
+    options = {"formats": sorted(formats), "cache_length": s, "palettize": palettize}
+
+    with FileLock(str(out.parent / f".{out.name}.lock")):
+        if not force and _up_to_date(out, resolved.sha256, options):
+            say(f"{out} is up to date")
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        tmp.chmod(0o755)
+        try:
+            _build(ckpt, resolved, tmp, formats, s, palettize, tokenizer_dir, options, say)
+            if out.exists():
+                trash = out.with_name(f".{out.name}.old-{os.getpid()}")
+                os.replace(out, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"wrote {out}")
+    return out
+
+
+def _up_to_date(out: Path, source_sha: str, options: dict) -> bool:
+    cfg_path = out / CONFIG_NAME
+    if not cfg_path.is_file():
+        return False
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        if cfg.get("contract_version") != CONTRACT_VERSION or cfg.get("source", {}).get("sha256") != source_sha:
+            return False
+        if cfg.get("conversion_options") != options:
+            return False
+        verify_bundle(out, cfg)
+    except (ValueError, ModelError):
+        return False
+    return True
+
+
+def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir, options: dict, say) -> None:
+    dims = ckpt.dims
+    t0 = time.time()
+    tok = build_tokenizer_json(
+        resolved.path if resolved.format != "openai" else resolved.path.parent,
+        resolved.format,
+        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+        n_vocab=dims.n_vocab,
+    )
+    tokens = token_config(tok, multilingual=dims.is_multilingual)
+    (tmp / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+
+    torch.set_grad_enabled(False)
+    say("building torch modules")
+    mel = modules.MelSpectrogram(dims.n_mels).eval()
+    encoder = modules.build_encoder(ckpt, sdpa="chunked")
+    decoder = modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum")
+    sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum")
+
+    say("computing the prefill table")
+    special = tokens["special_tokens"]
+    lang_ids = list(tokens["languages"].values()) if tokens["multilingual"] else []
+    task_ids = [special["transcribe"], special["translate"]] if tokens["multilingual"] else []
+    enc_k, enc_v = random_encoder_outputs(encoder, dims.n_mels)
+    key_table, value_table = compute_prefill_table(sequence, enc_k, enc_v, special["sot"], lang_ids, task_ids, s)
+    prefill = modules.TextDecoderContextPrefill(key_table, value_table, lang_ids[0] if lang_ids else 0, max(1, len(lang_ids)))
+
+    components: dict[str, dict[str, str]] = {}
+    if "onnx" in formats:
+        for name, export in (
+            ("MelSpectrogram", lambda p: export_onnx.export_mel(mel, p)),
+            ("AudioEncoder", lambda p: export_onnx.export_encoder(encoder, dims, p)),
+            ("TextDecoder", lambda p: export_onnx.export_decoder(decoder, dims, s, p)),
+            ("TextDecoderSequence", lambda p: export_onnx.export_decoder_sequence(sequence, dims, s, p)),
+            ("TextDecoderContextPrefill", lambda p: export_onnx.export_prefill(prefill, p)),
+        ):
+            say(f"exporting {name}.onnx")
+            export(tmp / f"{name}.onnx")
+            components.setdefault(name, {})["onnx"] = f"{name}.onnx"
+    if "coreml" in formats:
+        from . import export_coreml
+
+        for name, rel in export_coreml.export_all(
+            tmp, dims, s, mel=mel, encoder=encoder, decoder=decoder, prefill=prefill, palettize=palettize, say=say
+        ).items():
+            components.setdefault(name, {}).update(rel)
+
+    files = sorted(
+        str(p.relative_to(tmp)) for p in tmp.iterdir() if p.name != CONFIG_NAME and not p.name.startswith(".")
+    )
+    config = {
+        "contract_version": CONTRACT_VERSION,
+        "name": tmp.name.split(".partial-")[0].lstrip("."),
+        "dims": dims.to_dict(),
+        "cache_length": s,
+        "prefill_length": int(key_table.shape[-1]),
+        **tokens,
+        "alignment_heads": [list(h) for h in ckpt.alignment_heads],
+        "components": components,
+        "precision": {"onnx": "float32", "coreml": "float16 (mel float32)" + (f", palettized {palettize}-bit" if palettize else "")},
+        "conversion_options": options,
+        "source": {"origin": resolved.origin, "format": resolved.format, "path": str(resolved.path), "sha256": resolved.sha256},
+        "files": {f: hash_path(tmp / f) for f in files},
+        "created_by": f"whisperane {__version__}",
+        "conversion_seconds": round(time.time() - t0, 1),
+    }
+    (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")

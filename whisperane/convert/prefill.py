@@ -1,0 +1,57 @@
+"""The TextDecoderContextPrefill table: K/V of the forced prefix for every (task, language).
+
+As WhisperKit does it, each entry is the batch mean over encoder outputs of random inputs: the self-attention
+K/V of the prefix depend on the audio only through the cross-attention of earlier layers, weakly, so one
+table serves every window. It is an approximation; exact prefill stays available in the runtime and the
+difference is measured by the tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .modules import AudioEncoder, TextDecoderSequence
+
+
+def random_encoder_outputs(encoder: AudioEncoder, n_mels: int, batch: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-attention K/V of ``batch`` random log-mel inputs in the range real log-mels take ([-1.5, 1.5])."""
+    g = torch.Generator().manual_seed(seed)
+    mel = torch.rand(batch, n_mels, 1, 3000, generator=g) * 3.0 - 1.5
+    with torch.no_grad():
+        _, k, v = encoder(mel)
+    return k, v
+
+
+def compute_prefill_table(
+    decoder: TextDecoderSequence,
+    enc_k: torch.Tensor,
+    enc_v: torch.Tensor,
+    sot: int,
+    language_tokens: list[int],
+    task_tokens: list[int],
+    cache_length: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return key/value tables [n_tasks, n_languages, d*L, P].
+
+    Multilingual: the prefix is (sot, language, task), P = 3. English-only: (sot,), P = 1, one row each.
+    """
+    batch = enc_k.shape[0]
+    dl = enc_k.shape[1]
+    empty = torch.zeros(batch, dl, 1, cache_length)
+    pad = torch.full((batch, cache_length), -1e4)
+    zero = torch.zeros(batch, dtype=torch.int32)
+    langs = language_tokens or [None]
+    tasks = task_tokens or [None]
+    p = 3 if language_tokens else 1
+    keys = np.zeros((len(tasks), len(langs), dl, p), dtype=np.float32)
+    values = np.zeros_like(keys)
+    with torch.no_grad():
+        for ti, task in enumerate(tasks):
+            for li, lang in enumerate(langs):
+                prefix = [sot] if lang is None else [sot, lang, task]
+                ids = torch.tensor([prefix] * batch, dtype=torch.int32)
+                _, k, v, _ = decoder(ids, zero, empty, empty, pad, enc_k, enc_v)
+                keys[ti, li] = k.mean(dim=0)[:, 0].numpy()
+                values[ti, li] = v.mean(dim=0)[:, 0].numpy()
+    return keys, values
