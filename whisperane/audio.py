@@ -1,0 +1,507 @@
+"""Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; log-mel reference.
+
+Files go through soundfile (libsndfile: wav, flac, ogg/opus, mp3, aiff, ...) and soxr; other containers
+(m4a, mp4, webm, ...) go through ffmpeg when it is on PATH. Long files are read as a stream
+(:class:`AudioStream`) so that a two-hour recording never sits in memory whole.
+
+The log-mel functions are the project's numpy reference of openai-whisper's front end; ``mel_filters``
+is the one filter bank every implementation (the exported MelSpectrogram component included) uses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from .errors import AudioError
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30-second window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
+N_SAMPLES_PER_TOKEN = HOP_LENGTH * 2  # the encoder's conv stem halves the frame rate
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames per second
+TOKENS_PER_SECOND = SAMPLE_RATE // N_SAMPLES_PER_TOKEN  # 50 encoder frames per second
+
+RESAMPLE_QUALITY = "HQ"
+
+# Extensions libsndfile decodes itself; a file with one of these that it cannot open is broken, not exotic.
+_SOUNDFILE_EXTENSIONS = {fmt.lower() for fmt in sf.available_formats()} | {
+    "wave",
+    "oga",
+    "opus",
+    "aif",
+    "aifc",
+    "snd",
+    "sf",
+    "mpeg",
+}
+
+AudioSource = str | os.PathLike | np.ndarray
+
+
+# --------------------------------------------------------------------------------------------------
+# arrays
+
+
+def _to_mono_float32(audio: np.ndarray, name: str) -> np.ndarray:
+    """Validate an in-memory signal and return it as 1-D float32 (integers scaled to [-1, 1))."""
+    a = np.asarray(audio)
+    if a.ndim == 2:
+        # Audio never has more channels than samples: a wide array is (channels, samples).
+        if a.shape[1] > a.shape[0]:
+            a = a.T
+        a = a.mean(axis=1, dtype=np.float64) if a.shape[1] > 1 else a[:, 0]
+    elif a.ndim != 1:
+        raise AudioError(f"{name}: expected a 1-D or 2-D (samples, channels) array, got shape {a.shape}")
+
+    if a.dtype.kind == "f":
+        a = a.astype(np.float32, copy=False)
+    elif a.dtype.kind == "i":
+        a = (a.astype(np.float64) / float(2 ** (8 * a.dtype.itemsize - 1))).astype(np.float32)
+    elif a.dtype.kind == "u":
+        half = float(2 ** (8 * a.dtype.itemsize - 1))
+        a = ((a.astype(np.float64) - half) / half).astype(np.float32)
+    else:
+        raise AudioError(f"{name}: cannot use an array of dtype {a.dtype} as audio")
+
+    if a.size == 0:
+        raise AudioError(f"{name}: contains no audio samples")
+    _check_finite(a, name, offset_seconds=0.0, rate=SAMPLE_RATE)
+    return a
+
+
+def _check_finite(block: np.ndarray, name: str, offset_seconds: float, rate: int) -> None:
+    finite = np.isfinite(block)
+    if not finite.all():
+        first_bad = int(np.argmin(finite.reshape(len(block), -1).all(axis=1)))
+        at = offset_seconds + first_bad / rate
+        raise AudioError(f"{name}: contains NaN or infinite sample values (first at {at:.2f} s)")
+
+
+def pad_or_trim(array: np.ndarray, length: int = N_SAMPLES, *, axis: int = -1) -> np.ndarray:
+    """Zero-pad or trim ``array`` along ``axis`` to ``length`` samples, as the encoder expects."""
+    if array.shape[axis] > length:
+        array = array.take(indices=range(length), axis=axis)
+    if array.shape[axis] < length:
+        pad_widths = [(0, 0)] * array.ndim
+        pad_widths[axis] = (0, length - array.shape[axis])
+        array = np.pad(array, pad_widths)
+    return array
+
+
+# --------------------------------------------------------------------------------------------------
+# files
+
+
+def _check_path(path: str | os.PathLike) -> str:
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise AudioError(f"{name}: no such file")
+    if os.path.isdir(name):
+        raise AudioError(f"{name}: is a directory, not an audio file")
+    try:
+        with open(name, "rb") as f:
+            head = f.read(12)
+    except OSError as e:
+        raise AudioError(f"{name}: cannot open: {e.strerror or e}") from e
+    if not head:
+        raise AudioError(f"{name}: empty file (0 bytes)")
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        _check_wav_not_truncated(name)
+    return name
+
+
+def _check_wav_not_truncated(name: str) -> None:
+    """Reject a RIFF/WAVE file whose data chunk declares more bytes than the file holds.
+
+    libsndfile silently shortens such files to what is there; a cut-off recording would then be
+    transcribed as if it were complete. Sizes 0 and 0xFFFFFFFF are placeholders written by recorders
+    that never finalised the header: those are read as far as the data goes.
+    """
+    size = os.path.getsize(name)
+    with open(name, "rb") as f:
+        pos = 12
+        while pos + 8 <= size:
+            f.seek(pos)
+            chunk_id, chunk_size = struct.unpack("<4sI", f.read(8))
+            if chunk_id == b"data":
+                available = size - pos - 8
+                if chunk_size not in (0, 0xFFFFFFFF) and chunk_size > available:
+                    raise AudioError(
+                        f"{name}: truncated WAV file: the header declares {chunk_size} bytes of audio "
+                        f"but only {available} are present"
+                    )
+                return
+            pos += 8 + chunk_size + (chunk_size & 1)
+
+
+def _ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        raise AudioError(f"{name}: ffmpeg is not on PATH")
+    cmd = [
+        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
+        "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, check=False)
+    except OSError as e:
+        raise AudioError(f"{name}: could not run ffmpeg: {e}") from e
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+        cause = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise AudioError(f"{name}: ffmpeg could not decode it: {cause}")
+    pcm = np.frombuffer(proc.stdout[: len(proc.stdout) // 2 * 2], dtype="<i2")
+    if pcm.size == 0:
+        raise AudioError(f"{name}: contains no audio samples")
+    return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
+
+
+def _open_soundfile(name: str) -> tuple[sf.SoundFile | None, str | None]:
+    """Open with libsndfile; on failure return the reason instead of raising (ffmpeg may still cope)."""
+    try:
+        return sf.SoundFile(name), None
+    except Exception as e:  # noqa: BLE001 - libsndfile raises LibsndfileError, RuntimeError, TypeError...
+        return None, _one_line(e)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    # libsndfile repeats the file name ("Error opening 'x.wav': Format not recognised.")
+    if ": " in text and text.startswith("Error opening"):
+        text = text.split(": ", 1)[1]
+    if text.startswith("Error : "):
+        text = text[len("Error : ") :]
+    return text.rstrip(".")
+
+
+# --------------------------------------------------------------------------------------------------
+# streaming
+
+
+class AudioStream:
+    """16 kHz mono float32 samples of one source, read window by window.
+
+    A file is decoded forward in blocks and resampled incrementally, keeping only a bounded buffer:
+    reads must have non-decreasing ``start`` and may reach back ``history_seconds`` before the end of
+    the previous read (the seek pattern of Whisper's long-form loop). An in-memory array
+    (:meth:`from_array`) allows any read.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        sample_rate: int = SAMPLE_RATE,
+        block_seconds: float = 10.0,
+        history_seconds: float = CHUNK_LENGTH,
+    ):
+        self.name = _check_path(path)
+        self.sample_rate = sample_rate
+        file, reason = _open_soundfile(self.name)
+        if file is None:
+            if shutil.which("ffmpeg") is not None:
+                raise AudioError(
+                    f"{self.name}: libsndfile cannot read it ({reason}); open_audio() decodes it with ffmpeg"
+                )
+            raise _undecodable(self.name, reason)
+        self._init_file(file, block_seconds, history_seconds)
+
+    @classmethod
+    def _from_soundfile(cls, name: str, file: sf.SoundFile, sample_rate: int) -> AudioStream:
+        self = cls.__new__(cls)
+        self.name = name
+        self.sample_rate = sample_rate
+        self._init_file(file, block_seconds=10.0, history_seconds=CHUNK_LENGTH)
+        return self
+
+    def _init_file(self, file: sf.SoundFile, block_seconds: float, history_seconds: float) -> None:
+        self._file: sf.SoundFile | None = file
+        self.source_sample_rate = int(file.samplerate)
+        if self.source_sample_rate <= 0:
+            file.close()
+            raise AudioError(f"{self.name}: invalid sample rate {self.source_sample_rate} Hz")
+        if file.frames == 0:
+            file.close()
+            raise AudioError(f"{self.name}: contains no audio samples")
+        self._header_frames = int(file.frames)
+        self._block_frames = max(1, int(block_seconds * self.source_sample_rate))
+        self._history = int(history_seconds * self.sample_rate)
+        self._resampler = (
+            soxr.ResampleStream(
+                self.source_sample_rate, self.sample_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY
+            )
+            if self.source_sample_rate != self.sample_rate
+            else None
+        )
+        self._frames_read = 0
+        self._exhausted = False
+        self._in_memory = False
+        self._buf = np.zeros(0, dtype=np.float32)
+        self._buf_start = 0  # index (at sample_rate) of self._buf[0]
+        self._keep_from = 0  # reads may not start before this index
+
+    @classmethod
+    def from_array(
+        cls, audio: np.ndarray, *, name: str = "<array>", sample_rate: int = SAMPLE_RATE
+    ) -> AudioStream:
+        """Wrap samples already at ``sample_rate`` (2-D arrays are downmixed, integers scaled)."""
+        self = cls.__new__(cls)
+        self.name = name
+        self.sample_rate = sample_rate
+        self.source_sample_rate = sample_rate
+        self._file = None
+        self._resampler = None
+        self._buf = _to_mono_float32(audio, name)
+        self._buf_start = 0
+        self._keep_from = 0
+        self._exhausted = True
+        self._in_memory = True
+        self._header_frames = len(self._buf)
+        self._frames_read = len(self._buf)
+        return self
+
+    # -- size ----------------------------------------------------------------------------------------
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the whole source has been decoded (``n_samples`` is then exact)."""
+        return self._exhausted
+
+    @property
+    def n_samples(self) -> int:
+        """Number of samples at ``sample_rate``: from the header until the end has been decoded, then exact
+        (mp3 headers may be off a little)."""
+        if self._exhausted:
+            return self._buf_start + len(self._buf)
+        return round(self._header_frames * self.sample_rate / self.source_sample_rate)
+
+    @property
+    def duration(self) -> float:
+        """Length in seconds (see ``n_samples``)."""
+        return self.n_samples / self.sample_rate
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def read(self, start_sample: int, n_samples: int) -> np.ndarray:
+        """Samples ``[start_sample, start_sample + n_samples)``; shorter (or empty) past the end."""
+        if start_sample < 0 or n_samples < 0:
+            raise ValueError(f"negative start or length: read({start_sample}, {n_samples})")
+        if start_sample < self._keep_from:
+            raise ValueError(
+                f"{self.name}: sample {start_sample} was already released by the stream (reads may reach "
+                f"back to {self._keep_from}); use load_audio() for random access"
+            )
+        end = start_sample + n_samples
+        if not self._in_memory:
+            keep_from = max(self._keep_from, min(start_sample, end - self._history))
+            self._decode_until(end, keep_from)
+            self._keep_from = keep_from
+        lo = start_sample - self._buf_start
+        hi = end - self._buf_start
+        return self._buf[lo:hi].copy()
+
+    def read_all(self) -> np.ndarray:
+        """Every sample from the start (only before the stream has released any)."""
+        if self._keep_from > 0:
+            raise ValueError(f"{self.name}: the stream has already released its beginning")
+        if not self._in_memory:
+            self._decode_until(None, 0)
+        return self._buf.copy()
+
+    def _decode_until(self, end: int | None, keep_from: int) -> None:
+        """Decode forward until index ``end`` (None: to the end), releasing samples before ``keep_from``."""
+        pieces = [self._buf]
+        start = self._buf_start
+        length = len(self._buf)
+        while not self._exhausted and (end is None or start + length < end):
+            chunk = self._decode_block()
+            pieces.append(chunk)
+            length += len(chunk)
+            # On a forward skip, let go of what lies before keep_from as we go, so memory stays bounded.
+            if start < keep_from and length > 4 * self._block_frames:
+                joined = np.concatenate(pieces)
+                cut = min(keep_from - start, len(joined))
+                pieces, start, length = [joined[cut:]], start + cut, length - cut
+        joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        cut = min(max(keep_from - start, 0), len(joined))
+        self._buf = joined[cut:]
+        self._buf_start = start + cut
+        if self._exhausted and self._buf_start + len(self._buf) == 0:
+            raise AudioError(f"{self.name}: contains no audio samples")
+
+    def _decode_block(self) -> np.ndarray:
+        assert self._file is not None
+        at = self._frames_read / self.source_sample_rate
+        try:
+            block = self._file.read(self._block_frames, dtype="float32", always_2d=True)
+        except Exception as e:  # noqa: BLE001 - libsndfile errors come in several types
+            self.close()
+            until = at + self._block_frames / self.source_sample_rate
+            raise AudioError(
+                f"{self.name}: corrupt or truncated audio "
+                f"(decoding failed between {at:.1f} s and {until:.1f} s: {_one_line(e)})"
+            ) from e
+        if len(block):
+            try:
+                _check_finite(block, self.name, at, self.source_sample_rate)
+            except AudioError:
+                self.close()
+                raise
+        self._frames_read += len(block)
+        mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+        last = len(block) == 0
+        if last:
+            self._exhausted = True
+            self.close()
+        if self._resampler is None:
+            return np.ascontiguousarray(mono, dtype=np.float32)
+        return self._resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> AudioStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"AudioStream({self.name!r}, duration={self.duration:.2f}s, source_rate={self.source_sample_rate})"
+
+
+def open_audio(source: AudioSource, *, sample_rate: int = SAMPLE_RATE) -> AudioStream:
+    """An :class:`AudioStream` for an array (in memory), a file libsndfile reads (streamed) or any other
+    file ffmpeg decodes (decoded whole through a pipe)."""
+    if isinstance(source, np.ndarray):
+        if sample_rate != SAMPLE_RATE:
+            source = soxr.resample(_to_mono_float32(source, "<array>"), SAMPLE_RATE, sample_rate)
+        return AudioStream.from_array(source, sample_rate=sample_rate)
+    if not isinstance(source, (str, os.PathLike)):
+        raise AudioError(f"{source!r}: expected a file path or a numpy array")
+    name = _check_path(source)
+    file, reason = _open_soundfile(name)
+    if file is not None:
+        return AudioStream._from_soundfile(name, file, sample_rate)
+    if shutil.which("ffmpeg") is not None:
+        return AudioStream.from_array(_ffmpeg_decode(name, sample_rate), name=name, sample_rate=sample_rate)
+    raise _undecodable(name, reason)
+
+
+def _undecodable(name: str, reason: str | None) -> AudioError:
+    """The error for a file libsndfile cannot read when there is no ffmpeg to fall back on."""
+    ext = Path(name).suffix.lower().lstrip(".")
+    if ext in _SOUNDFILE_EXTENSIONS:
+        return AudioError(f"{name}: not a valid {ext.upper()} file or corrupt ({reason})")
+    kind = f".{ext} files" if ext else "this format"
+    return AudioError(
+        f"{name}: ffmpeg is needed to decode {kind} (libsndfile: {reason}); "
+        "install ffmpeg or convert the file to WAV/FLAC"
+    )
+
+
+def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
+    """The whole signal as float32 mono at ``sr`` Hz. Arrays are taken as 16 kHz (integers scaled)."""
+    with open_audio(source, sample_rate=sr) as stream:
+        return stream.read_all()
+
+
+# --------------------------------------------------------------------------------------------------
+# log-mel spectrogram (numpy reference of openai-whisper's)
+
+
+def _hz_to_mel_slaney(freq: np.ndarray) -> np.ndarray:
+    freq = np.asarray(freq, dtype=np.float64)
+    f_sp = 200.0 / 3  # linear part: 3 mels per 200 Hz
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / f_sp
+    logstep = np.log(6.4) / 27.0
+    mels = freq / f_sp
+    log_region = freq >= min_log_hz
+    mels[log_region] = min_log_mel + np.log(freq[log_region] / min_log_hz) / logstep
+    return mels
+
+
+def _mel_to_hz_slaney(mels: np.ndarray) -> np.ndarray:
+    mels = np.asarray(mels, dtype=np.float64)
+    f_sp = 200.0 / 3
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / f_sp
+    logstep = np.log(6.4) / 27.0
+    freqs = f_sp * mels
+    log_region = mels >= min_log_mel
+    freqs[log_region] = min_log_hz * np.exp(logstep * (mels[log_region] - min_log_mel))
+    return freqs
+
+
+@lru_cache(maxsize=4)
+def _mel_filters(n_mels: int, sample_rate: int, n_fft: int) -> np.ndarray:
+    fft_freqs = np.fft.rfftfreq(n_fft, d=1.0 / sample_rate)
+    mel_edges = np.linspace(
+        _hz_to_mel_slaney(np.array([0.0]))[0], _hz_to_mel_slaney(np.array([sample_rate / 2]))[0], n_mels + 2
+    )
+    hz_edges = _mel_to_hz_slaney(mel_edges)
+    widths = np.diff(hz_edges)
+    ramps = hz_edges[:, None] - fft_freqs[None, :]
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    # Slaney normalisation: each triangle has unit area in Hz, so the bands are roughly equal in energy.
+    weights *= (2.0 / (hz_edges[2:] - hz_edges[:-2]))[:, None]
+    return weights.astype(np.float32)
+
+
+def mel_filters(n_mels: int) -> np.ndarray:
+    """Slaney-scale, Slaney-normalised mel filter bank [n_mels, N_FFT // 2 + 1] float32 (what
+    ``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)`` returns and openai-whisper ships)."""
+    if n_mels <= 0:
+        raise ValueError(f"n_mels must be positive, got {n_mels}")
+    return _mel_filters(int(n_mels), SAMPLE_RATE, N_FFT).copy()
+
+
+def hann_window(length: int = N_FFT) -> np.ndarray:
+    """Periodic Hann window (torch.hann_window's default), float64."""
+    return 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(length) / length)
+
+
+def log_mel_spectrogram_numpy(audio: np.ndarray, n_mels: int = 80, padding: int = 0) -> np.ndarray:
+    """openai-whisper's log-mel spectrogram [n_mels, len(audio) // HOP_LENGTH] float32, in numpy.
+
+    Reflect-padded centred STFT (n_fft 400, hop 160, periodic Hann), power spectrum, the last frame
+    dropped, Slaney mel filters, log10 clamped at 1e-10, dynamic range limited to 8 (i.e. 80 dB) below
+    the maximum, scaled by (x + 4) / 4. Computed in float64, in blocks of frames to bound memory.
+    """
+    x = np.asarray(audio, dtype=np.float64).reshape(-1)
+    if padding > 0:
+        x = np.pad(x, (0, padding))
+    x = np.pad(x, (N_FFT // 2, N_FFT // 2), mode="reflect")
+    n_frames = 1 + (len(x) - N_FFT) // HOP_LENGTH - 1  # the last STFT frame is dropped, as Whisper does
+    filters = _mel_filters(int(n_mels), SAMPLE_RATE, N_FFT).astype(np.float64)
+    window = hann_window(N_FFT)
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP_LENGTH][: max(n_frames, 0)]
+    mel = np.empty((n_mels, len(frames)), dtype=np.float64)
+    block = 4096
+    for i in range(0, len(frames), block):
+        spectrum = np.fft.rfft(frames[i : i + block] * window, axis=-1)
+        power = spectrum.real**2 + spectrum.imag**2
+        mel[:, i : i + block] = filters @ power.T
+    log_spec = np.log10(np.maximum(mel, 1e-10))
+    if log_spec.size:
+        log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).astype(np.float32)

@@ -1,0 +1,319 @@
+"""Decoding one 30 s window as openai-whisper does it, driving the components from numpy.
+
+Prefix (optional ``<|startofprev|>`` prompt, the sot sequence, an optional prefix) goes through the multi-token
+decoder in one call, or partly from the prefill table; then one token per TextDecoder call with the logit
+filters below, greedy at temperature 0 and sampling (best of N, batched) above it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from .errors import WhisperaneError
+from .model import EncodedWindow, WhisperaneModel
+from .tokenizer import Tokenizer
+
+TIME_PRECISION = 0.02  # seconds per timestamp token
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    task: str = "transcribe"
+    language: str | None = None
+    temperature: float = 0.0
+    sample_len: int | None = None  # default: n_text_ctx // 2
+    best_of: int | None = None  # independent samples at temperature > 0
+    length_penalty: float | None = None
+    prompt: str | Sequence[int] | None = None  # text of the previous window(s), fed after <|startofprev|>
+    prefix: str | Sequence[int] | None = None  # forced start of the current window's text
+    suppress_tokens: str | Iterable[int] | None = "-1"
+    suppress_blank: bool = True
+    without_timestamps: bool = False
+    max_initial_timestamp: float | None = 1.0
+    prefill: str = "exact"  # "exact" (multi-token decoder) or "table" (TextDecoderContextPrefill, WhisperKit)
+    seed: int = 0  # sampling at temperature > 0 is seeded: the same input gives the same output
+
+
+@dataclass(frozen=True)
+class DecodingResult:
+    tokens: list[int]  # sampled tokens up to (without) <|endoftext|>: text and timestamps
+    text: str
+    language: str
+    language_probs: dict[str, float] | None
+    avg_logprob: float
+    sum_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+    # Cross-attention of the alignment heads for the rows that predicted each sampled token and the final
+    # <|endoftext|>: [A, len(tokens) + 1, F]; the decode-time alternative to a teacher-forced alignment pass.
+    alignment: np.ndarray | None = field(default=None, repr=False, compare=False)
+    token_logprobs: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("alignment")
+        return d
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    shifted = x - m
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+# --- logit filters (openai-whisper's) -------------------------------------------------------------------
+
+
+class LogitFilter:
+    def apply(self, logits: np.ndarray, tokens: list[list[int]]) -> None:
+        """Modify ``logits`` [B, V] in place given the tokens so far of each sequence."""
+        raise NotImplementedError
+
+
+class SuppressBlank(LogitFilter):
+    """No blank or <|endoftext|> as the first sampled token."""
+
+    def __init__(self, blank_tokens: Sequence[int], sample_begin: int):
+        self.blank = list(blank_tokens)
+        self.sample_begin = sample_begin
+
+    def apply(self, logits, tokens):
+        if len(tokens[0]) == self.sample_begin:
+            logits[:, self.blank] = -np.inf
+
+
+class SuppressTokens(LogitFilter):
+    def __init__(self, suppress: Sequence[int]):
+        self.suppress = np.asarray(sorted(set(suppress)), dtype=np.int64)
+
+    def apply(self, logits, tokens):
+        logits[:, self.suppress] = -np.inf
+
+
+class ApplyTimestampRules(LogitFilter):
+    """Timestamps in pairs, never decreasing, forced first, and preferred when their total probability wins."""
+
+    def __init__(self, tokenizer: Tokenizer, sample_begin: int, max_initial_timestamp_index: int | None):
+        self.tokenizer = tokenizer
+        self.sample_begin = sample_begin
+        self.max_initial_timestamp_index = max_initial_timestamp_index
+
+    def apply(self, logits, tokens):
+        tb, eot = self.tokenizer.timestamp_begin, self.tokenizer.eot
+        logits[:, self.tokenizer.no_timestamps] = -np.inf
+        for k, seq_all in enumerate(tokens):
+            seq = seq_all[self.sample_begin :]
+            last_was_timestamp = len(seq) >= 1 and seq[-1] >= tb
+            penultimate_was_timestamp = len(seq) < 2 or seq[-2] >= tb
+            if last_was_timestamp:
+                if penultimate_was_timestamp:  # a pair just closed: text (or eot) next
+                    logits[k, tb:] = -np.inf
+                else:  # an opened timestamp must be closed: no text
+                    logits[k, :eot] = -np.inf
+            timestamps = [t for t in seq if t >= tb]
+            if timestamps:
+                # never decreasing; and a segment has nonzero length, which prevents infinite loops
+                last = timestamps[-1] if last_was_timestamp and not penultimate_was_timestamp else timestamps[-1] + 1
+                logits[k, tb:last] = -np.inf
+        if len(tokens[0]) == self.sample_begin:
+            logits[:, :tb] = -np.inf  # the first sampled token is a timestamp
+            if self.max_initial_timestamp_index is not None:
+                logits[:, tb + self.max_initial_timestamp_index + 1 :] = -np.inf
+        logprobs = log_softmax(logits)
+        for k in range(logits.shape[0]):
+            ts = logprobs[k, tb:]
+            top = ts.max()
+            timestamp_logprob = top + np.log(np.exp(ts - top).sum()) if np.isfinite(top) else -np.inf
+            if timestamp_logprob > logprobs[k, :tb].max():
+                logits[k, :tb] = -np.inf
+
+
+def suppress_token_ids(option: str | Iterable[int] | None, tokenizer: Tokenizer, default: Sequence[int]) -> list[int]:
+    """openai-whisper's rule: "-1" stands for the default set (non-speech symbols and the special tokens)."""
+    if option is None:
+        ids: list[int] = []
+    elif isinstance(option, str):
+        ids = [int(t) for t in option.split(",") if t.strip()]
+    else:
+        ids = [int(t) for t in option]
+    if -1 in ids:
+        ids = [t for t in ids if t >= 0] + list(default)
+    ids += [tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm]
+    ids.append(tokenizer.no_speech)
+    return sorted(set(ids))
+
+
+# --- language detection ---------------------------------------------------------------------------------
+
+
+def detect_language(model: WhisperaneModel, enc: EncodedWindow, tokenizer: Tokenizer) -> tuple[str, dict[str, float]]:
+    """Softmax over the language tokens of the logits after <|startoftranscript|>."""
+    if not model.is_multilingual:
+        return "en", {"en": 1.0}
+    with model.lock:
+        state = model.state(1)
+        logits, _ = model.step(state, np.array([tokenizer.sot]), enc)
+    codes = list(model.info.languages)
+    ids = np.array([model.info.languages[c] for c in codes])
+    lang_logits = logits[0, ids].astype(np.float64)
+    p = np.exp(lang_logits - lang_logits.max())
+    p /= p.sum()
+    probs = {c: float(v) for c, v in zip(codes, p, strict=True)}
+    return codes[int(np.argmax(p))], probs
+
+
+# --- the window decoder ---------------------------------------------------------------------------------
+
+
+def _encode_text_or_tokens(tokenizer: Tokenizer, value: str | Sequence[int]) -> list[int]:
+    return tokenizer.encode(" " + value.strip()) if isinstance(value, str) else [int(t) for t in value]
+
+
+def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions = DecodingOptions(),
+           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:  # fmt: skip
+    """Decode one window whose encoder output is ``enc``."""
+    if options.task not in ("transcribe", "translate"):
+        raise WhisperaneError(f"unknown task {options.task!r}; use transcribe or translate")
+    if options.prefill not in ("exact", "table"):
+        raise WhisperaneError(f"unknown prefill {options.prefill!r}; use exact or table")
+    if options.temperature < 0:
+        raise WhisperaneError("temperature must be >= 0")
+    language = options.language
+    if model.is_multilingual and language is None:
+        language, language_probs = detect_language(model, enc, tokenizer or model.tokenizer())
+    if tokenizer is None or tokenizer.language != (language if model.is_multilingual else "en") or tokenizer.task != options.task:
+        tokenizer = model.tokenizer(language=language, task=options.task)
+    language = tokenizer.language
+
+    n_ctx = model.dims.n_text_ctx
+    initial: list[int] = []
+    if options.prompt:
+        prompt = _encode_text_or_tokens(tokenizer, options.prompt)
+        initial = [tokenizer.sot_prev, *prompt[-(n_ctx // 2 - 1) :]]
+    sot_index = len(initial)
+    initial += list(tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence)
+    if options.prefix:
+        initial += _encode_text_or_tokens(tokenizer, options.prefix)[-(n_ctx // 2) :]
+    sample_begin = len(initial)
+    sample_len = min(options.sample_len or n_ctx // 2, model.cache_length - sample_begin)
+    if sample_len < 1:
+        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+
+    filters: list[LogitFilter] = []
+    if options.suppress_blank:
+        filters.append(SuppressBlank([*tokenizer.encode(" "), tokenizer.eot], sample_begin))
+    if options.suppress_tokens:
+        filters.append(SuppressTokens(suppress_token_ids(options.suppress_tokens, tokenizer, model.info.suppress_tokens)))
+    if not options.without_timestamps:
+        max_ts = None
+        if options.max_initial_timestamp is not None:
+            max_ts = round(options.max_initial_timestamp / TIME_PRECISION)
+        filters.append(ApplyTimestampRules(tokenizer, sample_begin, max_ts))
+
+    n_group = (options.best_of or 5) if options.temperature > 0 else 1
+    with model.lock:
+        state = model.state(n_group)
+        first_logits, first_align, no_speech_prob = _prefill(model, state, enc, initial, sot_index, tokenizer, options)
+        tokens, sum_logprobs, token_logprobs, align_rows = _sample_loop(
+            model, state, enc, first_logits, first_align, initial, filters, tokenizer, options, n_group, sample_len
+        )
+
+    seqs = []
+    for k in range(n_group):
+        t = tokens[k][sample_begin:]
+        seqs.append(t[: t.index(tokenizer.eot)] if tokenizer.eot in t else t)
+    scores = []
+    for k, seq in enumerate(seqs):
+        length = len(seq)
+        penalty = length if options.length_penalty is None else ((5 + length) / 6) ** options.length_penalty
+        scores.append(sum_logprobs[k] / max(penalty, 1e-9))
+    best = int(np.argmax(scores))
+    seq = seqs[best]
+    text = tokenizer.decode(seq).strip()
+    n_rows = min(len(seq) + 1, len(align_rows))
+    alignment = np.stack([row[best] for row in align_rows[:n_rows]], axis=1) if align_rows else None
+    return DecodingResult(
+        tokens=seq,
+        text=text,
+        language=language,
+        language_probs=language_probs,
+        avg_logprob=float(sum_logprobs[best] / (len(seq) + 1)),
+        sum_logprob=float(sum_logprobs[best]),
+        no_speech_prob=no_speech_prob,
+        temperature=options.temperature,
+        compression_ratio=compression_ratio(text),
+        alignment=alignment,
+        token_logprobs=[float(x) for x in token_logprobs[best][: len(seq)]],
+    )
+
+
+def _prefill(model, state, enc, initial, sot_index, tokenizer, options):
+    """Fill the cache with the forced prefix; return (logits that pick the first token [V], their alignment
+    row [A, F], no-speech probability)."""
+    batch1 = state if state.key.shape[0] == 1 else model.state(1)
+    table_positions = 0
+    if options.prefill == "table" and sot_index == 0:
+        # Only positions whose logits are not needed come from the table: the last prefix token still runs.
+        table_positions = min(model.info.prefill_length, len(tokenizer.sot_sequence), len(initial) - 1)
+    if table_positions:
+        task_index = 1 if options.task == "translate" else 0
+        lang_token = tokenizer.language_token if tokenizer.language_token is not None else 0
+        k, v = model.prefill_table(task_index, lang_token)
+        batch1.write(k[..., :table_positions], v[..., :table_positions])
+    rest = np.asarray([initial[table_positions:]], dtype=np.int64)
+    logits, align = model.forward_tokens(batch1, rest, enc)
+    if table_positions:
+        # WhisperKit's approximation: the sot logits were never computed, so take the first computed row.
+        no_speech_logits = logits[0, 0]
+    else:
+        no_speech_logits = logits[0, sot_index]
+    no_speech_prob = float(np.exp(log_softmax(no_speech_logits.astype(np.float64))[tokenizer.no_speech]))
+    if batch1 is not state:
+        state.key[:, :, :, : batch1.length] = batch1.key[:, :, :, : batch1.length]
+        state.value[:, :, :, : batch1.length] = batch1.value[:, :, :, : batch1.length]
+        state.padding[:, : batch1.length] = 0.0
+        state.length = batch1.length
+    return logits[0, -1], align[0, :, -1], no_speech_prob
+
+
+def _sample_loop(model, state, enc, first_logits, first_align, initial, filters, tokenizer, options, n_group, sample_len):
+    eot = tokenizer.eot
+    tokens = [list(initial) for _ in range(n_group)]
+    sum_logprobs = np.zeros(n_group)
+    token_logprobs: list[list[float]] = [[] for _ in range(n_group)]
+    logits = np.repeat(first_logits[None, :].astype(np.float32), n_group, axis=0)
+    align_rows = [np.repeat(first_align[None], n_group, axis=0)]
+    rng = np.random.default_rng(options.seed)
+    for i in range(sample_len):
+        for f in filters:
+            f.apply(logits, tokens)
+        logprobs = log_softmax(logits.astype(np.float64))
+        if options.temperature == 0:
+            next_tokens = logits.argmax(axis=-1)
+        else:
+            gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logits.shape)))
+            next_tokens = (logits / options.temperature + gumbel).argmax(axis=-1)
+        for k in range(n_group):
+            if tokens[k][-1] == eot:
+                next_tokens[k] = eot
+            else:
+                lp = float(logprobs[k, next_tokens[k]])
+                sum_logprobs[k] += lp
+                token_logprobs[k].append(lp)
+            tokens[k].append(int(next_tokens[k]))
+        if all(t[-1] == eot for t in tokens) or i == sample_len - 1 or state.length >= state.cache_length:
+            break
+        logits, align = model.step(state, next_tokens, enc)
+        align_rows.append(align)
+    return tokens, sum_logprobs, token_logprobs, align_rows

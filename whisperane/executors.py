@@ -1,0 +1,115 @@
+"""Executors: run one compiled component by tensor name. ONNX Runtime everywhere, Core ML on macOS.
+
+Both run the same components with the same tensor names, so everything above this module is executor-agnostic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .errors import ModelError
+
+
+class Component(Protocol):
+    name: str
+    inputs: dict[str, tuple]  # name -> shape (ints or symbolic names)
+    outputs: dict[str, tuple]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+def _ort():
+    try:
+        import onnxruntime
+    except ImportError:  # pragma: no cover - a dependency
+        raise ModelError("onnxruntime is not installed: pip install onnxruntime") from None
+    return onnxruntime
+
+
+class OnnxComponent:
+    """One ONNX Runtime session. Inputs are handed over as numpy arrays (no copy for contiguous CPU arrays)."""
+
+    def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None):
+        ort = _ort()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or 0
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        available = ort.get_available_providers()
+        providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for bad files
+            raise ModelError(f"{path}: cannot load ONNX model ({str(e).splitlines()[0][:200]})") from None
+        self.name = path.stem
+        self.inputs = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
+        self.outputs = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
+        self._output_names = list(self.outputs)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self.session.run(self._output_names, feeds)
+        return dict(zip(self._output_names, values))
+
+
+def default_providers() -> list[str]:
+    """CUDA when this onnxruntime has it (onnxruntime-gpu) and WHISPERANE_DEVICE is not 'cpu'."""
+    if os.environ.get("WHISPERANE_DEVICE", "").lower() == "cpu":
+        return ["CPUExecutionProvider"]
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+class CoreMLComponent:
+    """A Core ML model (.mlmodelc through the compiled-model API, .mlpackage otherwise). macOS only."""
+
+    def __init__(self, path: Path, compute_units: str = "ALL"):
+        if sys.platform != "darwin":
+            raise ModelError(f"{path}: the Core ML executor needs macOS; use --executor onnx here")
+        import coremltools as ct
+
+        units = getattr(ct.ComputeUnit, compute_units.upper(), None)
+        if units is None:
+            raise ModelError(f"unknown compute units {compute_units!r}; use ALL, CPU_ONLY, CPU_AND_GPU or CPU_AND_NE")
+        try:
+            if path.suffix == ".mlmodelc":
+                self.model = ct.models.CompiledMLModel(str(path), compute_units=units)
+                spec = None
+            else:
+                self.model = ct.models.MLModel(str(path), compute_units=units)
+                spec = self.model.get_spec()
+        except Exception as e:
+            raise ModelError(f"{path}: cannot load Core ML model ({e})") from None
+        self.name = path.stem.split(".")[0]
+        if spec is None:
+            spec = ct.utils.load_spec(str(path.with_suffix(".mlpackage"))) if path.with_suffix(".mlpackage").exists() else None
+        self.inputs = {i.name: tuple(i.type.multiArrayType.shape) for i in spec.description.input} if spec else {}
+        self.outputs = {o.name: tuple(o.type.multiArrayType.shape) for o in spec.description.output} if spec else {}
+        self.states = [s.name for s in spec.description.state] if spec else []
+        self.state = self.model.make_state() if self.states else None
+
+    def reset_state(self) -> None:
+        if self.states:
+            self.state = self.model.make_state()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.state is not None:
+            out = self.model.predict(feeds, state=self.state)
+        else:
+            out = self.model.predict(feeds)
+        return {k: np.asarray(v) for k, v in out.items()}
+
+
+def open_component(bundle: Path, rel: str, executor: str, threads: int | None, compute_units: str) -> Component:
+    path = bundle / rel
+    if executor == "onnx":
+        return OnnxComponent(path, threads)
+    if executor == "coreml":
+        compiled = path.with_suffix(".mlmodelc")
+        return CoreMLComponent(compiled if compiled.exists() else path, compute_units)
+    raise ModelError(f"unknown executor {executor!r}; use onnx or coreml")

@@ -1,0 +1,236 @@
+"""A loaded model bundle: its components behind one executor, with the cache buffers the loop reuses.
+
+``WhisperaneModel`` exposes the primitive operations the decoding loop needs — log-mel of a 30 s window,
+encoding, one decoder step, a multi-token decoder call and the prefill table — and hides the executor and the
+bundle variant (whisperane bundles, or WhisperKit folders whose decoder takes ``encoder_output_embeds``).
+One model may be shared by threads: calls that touch the shared buffers hold ``self.lock``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .audio import N_SAMPLES
+from .bundle import BundleInfo, default_models_dir, verify_bundle
+from .errors import ModelError
+from .executors import Component, open_component
+from .tokenizer import Tokenizer
+
+MASKED = -1e4  # decoder_key_padding_mask value for positions not attended
+
+
+@dataclass
+class EncodedWindow:
+    """Encoder results for one 30 s window; the cross K/V are shared (batch 1) by every decoded sequence."""
+
+    embeds: np.ndarray  # [1, d, 1, F]
+    key: np.ndarray | None  # [1, d*L, 1, F]
+    value: np.ndarray | None
+
+
+class DecoderState:
+    """The fixed-length self-attention cache of B sequences and the masks that go with it.
+
+    The host writes each step's one-position K/V at ``length`` and opens the padding mask there; arrays are
+    allocated once per batch size and reused across windows.
+    """
+
+    def __init__(self, batch: int, channels: int, cache_length: int):
+        self.key = np.zeros((batch, channels, 1, cache_length), dtype=np.float32)
+        self.value = np.zeros_like(self.key)
+        self.padding = np.full((batch, cache_length), MASKED, dtype=np.float32)
+        self.update = np.zeros((batch, cache_length), dtype=np.float32)
+        self.length = 0
+        self.cache_length = cache_length
+
+    def reset(self) -> None:
+        self.padding.fill(MASKED)
+        self.length = 0
+
+    def write(self, key: np.ndarray, value: np.ndarray) -> None:
+        """Append T positions (key/value [B or 1, d*L, 1, T])."""
+        t = key.shape[3]
+        end = self.length + t
+        if end > self.cache_length:
+            raise ModelError(f"decoder cache overflow ({end} > {self.cache_length} positions)")
+        self.key[:, :, :, self.length : end] = key
+        self.value[:, :, :, self.length : end] = value
+        self.padding[:, self.length : end] = 0.0
+        self.length = end
+
+    def select(self, rows: np.ndarray) -> None:
+        """Reorder/duplicate the batch rows (beam search, best-of)."""
+        self.key[:] = self.key[rows]
+        self.value[:] = self.value[rows]
+
+
+class WhisperaneModel:
+    def __init__(self, bundle: Path, executor: str = "onnx", threads: int | None = None, compute_units: str = "ALL",
+                 verify: bool = True):  # fmt: skip
+        self.info = BundleInfo.load(bundle)
+        self.path = bundle
+        self.executor = executor
+        cfg = self.info.config
+        self.dims = self.info.dims
+        fmt = "onnx" if executor == "onnx" else "coreml"
+        wanted = ["MelSpectrogram", "AudioEncoder", "TextDecoder", "TextDecoderContextPrefill", "TextDecoderSequence"]
+        rels: dict[str, str] = {}
+        for name in wanted:
+            rel = cfg.get("components", {}).get(name, {}).get(fmt)
+            if rel is None:
+                if name == "TextDecoderSequence":
+                    continue
+                raise ModelError(f"{bundle}: the bundle has no {fmt} {name}; rebuild it with: whisperane convert "
+                                 f"{cfg.get('name', bundle.name)} --formats {fmt} --out {bundle}")  # fmt: skip
+            rels[name] = rel
+        if verify:
+            verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"])
+        threads = threads or int(os.environ.get("WHISPERANE_THREADS", "0")) or None
+        self.components: dict[str, Component] = {
+            name: open_component(bundle, rel, executor, threads, compute_units) for name, rel in rels.items()
+        }
+        self.mel_component = self.components["MelSpectrogram"]
+        self.encoder = self.components["AudioEncoder"]
+        self.decoder = self.components["TextDecoder"]
+        self.sequence = self.components.get("TextDecoderSequence")
+        self.prefill = self.components["TextDecoderContextPrefill"]
+        # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
+        self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
+        self.channels = self.dims.n_text_state * self.dims.n_text_layer
+        self.cache_length = self.info.cache_length
+        self.n_alignment_heads = len(self.info.alignment_heads)
+        self.lock = threading.RLock()
+        self._states: dict[int, DecoderState] = {}
+        self._prefill_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    # --- tokenizer ------------------------------------------------------------------------------------
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.info.multilingual
+
+    def tokenizer(self, language: str | None = None, task: str = "transcribe") -> Tokenizer:
+        return Tokenizer.from_files(
+            self.path / "tokenizer.json", self.info.special_tokens, self.info.languages, self.info.multilingual,
+            language=language, task=task,
+        )  # fmt: skip
+
+    # --- audio side -------------------------------------------------------------------------------------
+
+    def log_mel(self, audio: np.ndarray) -> np.ndarray:
+        """Up to 30 s of 16 kHz audio (zero-padded) -> [1, M, 1, 3000]."""
+        window = np.zeros(N_SAMPLES, dtype=np.float32)
+        window[: min(len(audio), N_SAMPLES)] = audio[:N_SAMPLES]
+        return self.mel_component.run({"audio": window})["melspectrogram_features"]
+
+    def encode(self, mel: np.ndarray) -> EncodedWindow:
+        out = self.encoder.run({"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)})
+        return EncodedWindow(out["encoder_output_embeds"], out.get("encoder_attn_key_cache"), out.get("encoder_attn_value_cache"))
+
+    # --- decoder side -----------------------------------------------------------------------------------
+
+    def state(self, batch: int) -> DecoderState:
+        st = self._states.get(batch)
+        if st is None:
+            st = self._states[batch] = DecoderState(batch, self.channels, self.cache_length)
+        st.reset()
+        return st
+
+    def _encoder_feeds(self, enc: EncodedWindow) -> dict[str, np.ndarray]:
+        if self.decoder_takes_embeds:
+            return {"encoder_output_embeds": enc.embeds}
+        return {"encoder_attn_key_cache": enc.key, "encoder_attn_value_cache": enc.value}
+
+    def step(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> tuple[np.ndarray, np.ndarray]:
+        """Run one token per sequence at position ``state.length``; returns (logits [B, V], alignment [B, A, F])."""
+        b = tokens.shape[0]
+        pos = state.length
+        if pos >= state.cache_length:
+            raise ModelError("decoder cache is full")
+        state.update.fill(0.0)
+        state.update[:, pos] = 1.0
+        state.padding[:, pos] = 0.0
+        feeds = {
+            "input_ids": tokens.astype(np.int32),
+            "cache_length": np.full(b, pos, dtype=np.int32),
+            "key_cache": state.key,
+            "value_cache": state.value,
+            "kv_cache_update_mask": state.update,
+            "decoder_key_padding_mask": state.padding,
+            **self._encoder_feeds(enc),
+        }
+        out = self.decoder.run(feeds)
+        state.write(out["key_cache_updates"], out["value_cache_updates"])
+        return out["logits"][:, 0, :], self._alignment(out["alignment_heads_weights"])
+
+    def _alignment(self, w: np.ndarray) -> np.ndarray:
+        return w if w.ndim == 3 else w.reshape(w.shape[0], 1, -1)  # WhisperKit: mean-only [B, F]
+
+    def forward_tokens(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> tuple[np.ndarray, np.ndarray]:
+        """Run T tokens per sequence from ``state.length`` (tokens [B, T]); returns (logits [B, T, V],
+        alignment [B, A, T, F]). Uses TextDecoderSequence when the bundle has one, else T single steps."""
+        b, t = tokens.shape
+        if state.length + t > state.cache_length:
+            raise ModelError(f"{t} tokens do not fit the decoder cache at position {state.length}")
+        if self.sequence is None:
+            logits, align = zip(*(self.step(state, tokens[:, i], enc) for i in range(t)))
+            return np.stack(logits, axis=1), np.stack(align, axis=2)
+        feeds = {
+            "input_ids": tokens.astype(np.int32),
+            "cache_length": np.full(b, state.length, dtype=np.int32),
+            "key_cache": state.key,
+            "value_cache": state.value,
+            "decoder_key_padding_mask": state.padding,
+            "encoder_attn_key_cache": enc.key,
+            "encoder_attn_value_cache": enc.value,
+        }
+        out = self.sequence.run(feeds)
+        state.write(out["key_cache_updates"], out["value_cache_updates"])
+        return out["logits"], out["alignment_heads_weights"]
+
+    def prefill_table(self, task_index: int, language_token: int) -> tuple[np.ndarray, np.ndarray]:
+        """The table's K/V [1, d*L, 1, P] for (task, language)."""
+        key = (task_index, language_token)
+        if key not in self._prefill_cache:
+            out = self.prefill.run({"task": np.array([task_index], dtype=np.int32), "language": np.array([language_token], dtype=np.int32)})
+            self._prefill_cache[key] = (out["key_cache_prefill"], out["value_cache_prefill"])
+        return self._prefill_cache[key]
+
+
+def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True) -> Path:
+    """A bundle directory for a model name or path; converts the named model on first use."""
+    p = Path(name_or_path)
+    if p.is_dir() and (p / "config.json").is_file():
+        return p
+    if p.is_dir() and (p / "MelSpectrogram.mlmodelc").exists():
+        return p
+    candidate = default_models_dir() / str(name_or_path).replace("/", "--")
+    if (candidate / "config.json").is_file():
+        return candidate
+    if not convert_missing:
+        raise ModelError(f"no bundle for {name_or_path!r} in {candidate.parent}; build it with: whisperane convert {name_or_path}")
+    try:
+        from .convert.pipeline import convert
+    except ImportError as e:
+        raise ModelError(
+            f"model {name_or_path!r} is not converted yet and the build side is not installed ({e.name} missing); "
+            "install with: pip install torch==2.13.0 'whisperane[convert]'"
+        ) from None
+    return convert(str(name_or_path), progress=_stderr_progress)
+
+
+def _stderr_progress(msg: str) -> None:
+    import sys
+
+    print(f"whisperane: {msg}", file=sys.stderr, flush=True)
+
+
+def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
+               compute_units: str = "ALL") -> WhisperaneModel:  # fmt: skip
+    """Load a bundle by model name (converted on first use) or directory, ready to transcribe."""
+    return WhisperaneModel(resolve_bundle(name_or_path), executor=executor, threads=threads, compute_units=compute_units)

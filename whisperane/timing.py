@@ -1,0 +1,553 @@
+"""Word-level timestamps from the alignment heads' cross-attention (openai-whisper's timing.py, in numpy).
+
+The TextDecoder returns, for every position it runs, the cross-attention of the alignment heads over
+the encoder frames (``alignment_heads_weights``, already softmaxed). A teacher-forced pass over
+``[*sot_sequence, no_timestamps, *text_tokens, eot]`` gives them for every position at once; the rows
+that matter are the positions that *predict* each text token and the final eot: position ``r`` reads
+token ``r`` and predicts token ``r + 1``, so the row for ``text_tokens[0]`` is the ``no_timestamps``
+position (the last prompt position), not the position of ``text_tokens[0]`` itself.
+
+From those rows: keep the frames that hold audio, standardize each head over the tokens, median
+filter along the frames, average the heads, run DTW on the negated matrix; the frame where the DTW
+path first reaches a token's row is the token's start (0.02 s per encoder frame). Tokens are then
+grouped into words, punctuation is merged into its neighbours and implausibly long words are
+clamped, segment by segment (``add_word_timestamps``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+# One encoder frame covers two mel frames of 10 ms.
+TOKENS_PER_SECOND = 50
+MEL_FRAMES_PER_ENCODER_FRAME = 2
+
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+# Words that hallucination_silence_threshold ignores when it scores a segment (openai's `punctuation`).
+PUNCTUATION = PREPEND_PUNCTUATIONS + APPEND_PUNCTUATIONS
+SENTENCE_END_MARKS = ".。!！?？"
+
+
+class WordTokenizer(Protocol):
+    """The part of the tokenizer this module needs (openai-whisper's Tokenizer API)."""
+
+    @property
+    def eot(self) -> int: ...
+
+    def split_to_word_tokens(self, tokens: list[int]) -> tuple[list[str], list[list[int]]]: ...
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    word: str
+    tokens: tuple[int, ...]
+    start: float  # seconds from the start of the window
+    end: float
+    probability: float
+
+
+def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
+    """Median filter of odd width along the last axis, reflect-padded (the edge is not repeated).
+
+    As openai-whisper: an input no longer than half the width is returned unchanged.
+    """
+    if filter_width <= 0 or filter_width % 2 != 1:
+        raise ValueError(f"filter_width must be a positive odd number, got {filter_width}")
+    x = np.asarray(x)
+    pad = filter_width // 2
+    if filter_width == 1 or x.shape[-1] <= pad:
+        return x
+    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
+    windows = sliding_window_view(padded, filter_width, axis=-1)
+    # partition is a linear-time selection: cheaper than sort or np.median on [heads, tokens, frames, w]
+    return np.partition(windows, pad, axis=-1)[..., pad]
+
+
+def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dynamic time warping over a [N, M] local-cost matrix; returns the path (text_indices, time_indices).
+
+    Exactly openai-whisper's ``dtw_cpu`` + ``backtrace`` (and CTranslate2's ``negative_dtw``, which
+    faster-whisper uses): moves (1,1), (1,0), (0,1), each cell's cost added once, cumulative costs
+    kept in float32, and the same choice rule: the diagonal if it is strictly the smallest, else the
+    vertical (next token) if strictly the smallest, else the horizontal (next frame). That rule is not
+    a pure tie-break: when the diagonal and the vertical tie below the horizontal it takes the
+    horizontal. dtw-python's ``symmetric1`` finds the same path whenever no tie occurs (checked in
+    tests/test_timing.py) but resolves ties its own way (e.g. on the 5x2 matrix
+    [[0,2],[0,1],[1,1],[1,2],[0,2]] its path is one cell shorter), so this numpy implementation is
+    the one used.
+
+    The path runs from (0, 0) to (N-1, M-1) and visits every row and every column.
+    """
+    x = np.ascontiguousarray(cost, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"dtw needs a non-empty 2-D cost matrix, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("dtw cost matrix holds NaN or inf")
+    acc = _accumulate_min_rule(x)
+    if _has_openai_quirk(acc):
+        acc = _accumulate_openai_rule(x)
+    return _backtrace(acc)
+
+
+# The cumulative cost is evaluated one anti-diagonal at a time (every cell of a diagonal depends only
+# on the two previous ones), which vectorises the recurrence. Skewed layout: acc[d, i] is the cost of
+# cell (i, d - i) of the padded (N+1, M+1) matrix whose row 0 / column 0 are the inf boundary.
+
+
+def _diagonal_cells(d: int, n: int, m: int) -> tuple[int, int, int]:
+    lo = max(1, d - m)
+    hi = min(n, d - 1)
+    # flat index of x[lo - 1, d - lo - 1]; cells of one anti-diagonal are m - 1 apart in x
+    return lo, hi, (lo - 1) * (m - 1) + d - 2
+
+
+def _accumulate_min_rule(x: np.ndarray) -> np.ndarray:
+    """Cumulative cost with plain min(c0, c1, c2): three ufunc calls a diagonal (~15 ms for 200 x 1500)."""
+    n, m = x.shape
+    flat = x.reshape(-1)
+    step = max(m - 1, 1)
+    acc = np.full((n + m + 1, n + 1), np.inf, dtype=np.float32)
+    acc[0, 0] = 0.0
+    best = np.empty(n + 1, dtype=np.float32)
+    for d in range(2, n + m + 1):
+        lo, hi, first = _diagonal_cells(d, n, m)
+        k = hi - lo + 1
+        c = best[:k]
+        np.minimum(acc[d - 1, lo - 1 : hi], acc[d - 1, lo : hi + 1], out=c)
+        np.minimum(acc[d - 2, lo - 1 : hi], c, out=c)
+        # float64 sum rounded to float32, as openai's numba kernel stores it
+        np.add(
+            flat[first : first + (k - 1) * step + 1 : step], c, out=acc[d, lo : hi + 1], casting="same_kind"
+        )
+    return acc
+
+
+def _has_openai_quirk(acc: np.ndarray) -> bool:
+    """Whether some cell has c0 == c1 < c2, the only case where openai's rule does not take the minimum.
+    Where no cell does, both rules give the same cumulative costs (by induction over the diagonals)."""
+    c0, c1, c2 = acc[:-2, :-1], acc[1:-1, :-1], acc[1:-1, 1:]
+    valid = np.isfinite(acc[2:, 1:])
+    return bool(((c0 == c1) & (c0 < c2) & valid).any())
+
+
+def _accumulate_openai_rule(x: np.ndarray) -> np.ndarray:
+    """Cumulative cost with openai's choice rule, for the rare matrices with exact ties (~2x slower)."""
+    n, m = x.shape
+    flat = x.reshape(-1)
+    step = max(m - 1, 1)
+    acc = np.full((n + m + 1, n + 1), np.inf, dtype=np.float32)
+    acc[0, 0] = 0.0
+    take_diagonal = np.empty(n + 1, dtype=bool)
+    take_vertical = np.empty(n + 1, dtype=bool)
+    smaller = np.empty(n + 1, dtype=np.float32)
+    chosen = np.empty(n + 1, dtype=np.float32)
+    for d in range(2, n + m + 1):
+        lo, hi, first = _diagonal_cells(d, n, m)
+        k = hi - lo + 1
+        c0 = acc[d - 2, lo - 1 : hi]
+        c1 = acc[d - 1, lo - 1 : hi]
+        c2 = acc[d - 1, lo : hi + 1]
+        t0, t1, other, c = take_diagonal[:k], take_vertical[:k], smaller[:k], chosen[:k]
+        np.less(c0, np.minimum(c1, c2, out=other), out=t0)
+        np.less(c1, np.minimum(c0, c2, out=other), out=t1)
+        np.copyto(c, c2)
+        np.copyto(c, c1, where=t1)
+        np.copyto(c, c0, where=t0)
+        np.add(
+            flat[first : first + (k - 1) * step + 1 : step], c, out=acc[d, lo : hi + 1], casting="same_kind"
+        )
+    return acc
+
+
+def _backtrace(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walk back from (N, M), re-deciding each step with openai's rule from the cumulative costs."""
+    n = acc.shape[1] - 1
+    m = acc.shape[0] - 1 - n
+    i, j = n, m
+    text_path: list[int] = []
+    time_path: list[int] = []
+    while i > 0 or j > 0:
+        text_path.append(i - 1)
+        time_path.append(j - 1)
+        if i == 0:
+            j -= 1
+        elif j == 0:
+            i -= 1
+        else:
+            d = i + j
+            c0, c1, c2 = acc[d - 2, i - 1], acc[d - 1, i - 1], acc[d - 1, i]
+            if c0 < c1 and c0 < c2:
+                i -= 1
+                j -= 1
+            elif c1 < c0 and c1 < c2:
+                i -= 1
+            else:
+                j -= 1
+    return np.array(text_path[::-1], dtype=np.int64), np.array(time_path[::-1], dtype=np.int64)
+
+
+def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot: int) -> np.ndarray:
+    """Probability of each text token under the text vocabulary (softmax over ids < eot), as openai.
+
+    ``logits`` [len(text_tokens) (+ more), V]: row k is the position that predicts ``text_tokens[k]``
+    (the same rows as the weights passed to ``find_alignment``, without the eot row).
+    """
+    n = len(text_tokens)
+    scores = np.asarray(logits, dtype=np.float64)[:n, :eot]
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    log_norm = np.log(np.exp(scores).sum(axis=-1))
+    return np.exp(scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)] - log_norm)
+
+
+def alignment_matrix(
+    weights: np.ndarray,
+    num_text_rows: int,
+    num_frames: int,
+    *,
+    first_row: int = 0,
+    medfilt_width: int = 7,
+    qk_scale: float = 1.0,
+) -> np.ndarray:
+    """The [num_text_rows, frames] matrix that DTW aligns (larger = more attention); see find_alignment."""
+    w = np.asarray(weights, dtype=np.float32)
+    if w.ndim not in (2, 3):
+        raise ValueError(
+            f"alignment weights must be [heads, tokens, frames] or [tokens, frames], got {w.shape}"
+        )
+    rows = w.shape[-2]
+    if first_row < 0 or first_row + num_text_rows > rows:
+        raise ValueError(
+            f"alignment weights have {rows} rows; rows {first_row}..{first_row + num_text_rows - 1} "
+            "(the positions predicting the text tokens and eot) are needed"
+        )
+    n_audio = num_frames // MEL_FRAMES_PER_ENCODER_FRAME
+    if n_audio < 1:
+        raise ValueError(f"num_frames={num_frames} leaves no encoder frame to align to")
+    w = w[..., :n_audio]
+    # The decoder softmaxed over all encoder frames; openai softmaxes (logits * qk_scale) over the
+    # audio frames only. softmax(s * z) restricted to a subset = p**s renormalised over that subset.
+    if qk_scale != 1.0:
+        w = w.astype(np.float64) ** qk_scale
+    w = w / np.maximum(w.sum(axis=-1, keepdims=True), np.finfo(np.float32).tiny)
+    w = w.astype(np.float32, copy=False)
+    if w.ndim == 3:
+        # Per-head standardisation over every row passed (openai and CTranslate2 use the whole
+        # teacher-forced sequence, prompt rows included), then filter, then average the heads.
+        mean = w.mean(axis=-2, keepdims=True)
+        std = w.std(axis=-2, keepdims=True)
+        w = (w - mean) / np.where(std > 0, std, 1.0)
+        w = median_filter(w, medfilt_width).mean(axis=0)
+    else:
+        # Already averaged over heads (WhisperKit's decoder returns only the mean): no standardisation.
+        w = median_filter(w, medfilt_width)
+    return w[first_row : first_row + num_text_rows]
+
+
+def find_alignment(
+    weights: np.ndarray,
+    text_tokens: Sequence[int],
+    token_probs: Sequence[float] | np.ndarray,
+    num_frames: int,
+    tokenizer: WordTokenizer,
+    medfilt_width: int = 7,
+    qk_scale: float = 1.0,
+    *,
+    first_row: int = 0,
+) -> list[WordTiming]:
+    """Word timings (seconds from the window start) of ``text_tokens`` from alignment-head attention.
+
+    weights: [A, R, F] (per alignment head) or [R, F] (already averaged over heads, WhisperKit-style),
+        softmaxed over the F encoder frames. Rows ``first_row .. first_row + len(text_tokens)`` must be
+        the decoder positions that PREDICT ``text_tokens[0], ..., text_tokens[-1], eot`` in that order
+        (position r reads token r and predicts token r + 1). Two ways to call it:
+          - exactly those ``len(text_tokens) + 1`` rows, ``first_row=0``;
+          - openai's/faster-whisper's numbers: every row of the teacher-forced pass over
+            ``[*sot_sequence, no_timestamps, *text_tokens, eot]`` with ``first_row=len(sot_sequence)``
+            (the no_timestamps position predicts text_tokens[0]). Every row passed enters the per-head
+            standardisation, which is why this form reproduces openai's computation.
+    token_probs: probability of each text token (``text_token_probabilities``), len(text_tokens).
+    num_frames: mel frames of audio in the window (e.g. 3000 for a full 30 s window); encoder frames
+        past num_frames // 2 are padding and are ignored.
+    """
+    if len(text_tokens) == 0:
+        return []
+    text_tokens = [int(t) for t in text_tokens]
+    matrix = alignment_matrix(
+        weights,
+        len(text_tokens) + 1,
+        num_frames,
+        first_row=first_row,
+        medfilt_width=medfilt_width,
+        qk_scale=qk_scale,
+    )
+    text_indices, time_indices = dtw(-matrix)
+
+    words, word_tokens = tokenizer.split_to_word_tokens(text_tokens + [tokenizer.eot])
+    if len(word_tokens) <= 1:  # only eot
+        return []
+    word_boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
+
+    # The path visits every row; the frame where it first enters row k is where token k starts.
+    jumps = np.pad(np.diff(text_indices), (1, 0), constant_values=1).astype(bool)
+    jump_times = time_indices[jumps] / TOKENS_PER_SECOND
+    start_times = jump_times[word_boundaries[:-1]]
+    end_times = jump_times[word_boundaries[1:]]
+    probs = np.asarray(token_probs, dtype=np.float64)
+    word_probabilities = [
+        float(np.mean(probs[i:j])) for i, j in zip(word_boundaries[:-1], word_boundaries[1:], strict=True)
+    ]
+
+    return [
+        WordTiming(word, tuple(int(t) for t in tokens), float(start), float(end), probability)
+        for word, tokens, start, end, probability in zip(
+            words[:-1], word_tokens[:-1], start_times, end_times, word_probabilities, strict=True
+        )  # the last "word" is eot
+    ]
+
+
+def merge_punctuations(
+    alignment: list[WordTiming],
+    prepended: str = PREPEND_PUNCTUATIONS,
+    appended: str = APPEND_PUNCTUATIONS,
+) -> list[WordTiming]:
+    """Attach opening punctuation to the following word and closing punctuation to the previous one.
+
+    openai's rules, returned as a new list of the same length: a merged-away entry stays as an empty
+    word with no tokens (so positions line up with the input), and a merged word keeps its own start
+    and end. Note openai's tests are substring tests (``word.strip() in prepended``).
+    """
+    words = [a.word for a in alignment]
+    tokens = [list(a.tokens) for a in alignment]
+
+    # prepended punctuation, right to left, so runs like ' "(' all reach the word they open
+    i, j = len(words) - 2, len(words) - 1
+    while i >= 0:
+        if words[i].startswith(" ") and words[i].strip() in prepended:
+            words[j] = words[i] + words[j]
+            tokens[j] = tokens[i] + tokens[j]
+            words[i], tokens[i] = "", []
+        else:
+            j = i
+        i -= 1
+
+    # appended punctuation, left to right
+    i, j = 0, 1
+    while j < len(words):
+        if not words[i].endswith(" ") and words[j] in appended:
+            words[i] = words[i] + words[j]
+            tokens[i] = tokens[i] + tokens[j]
+            words[j], tokens[j] = "", []
+        else:
+            i = j
+        j += 1
+
+    return [
+        dataclasses.replace(a, word=word, tokens=tuple(toks))
+        for a, word, toks in zip(alignment, words, tokens, strict=True)
+    ]
+
+
+def word_duration_limits(alignment: Sequence[WordTiming]) -> tuple[float, float]:
+    """(median_duration, max_duration) of the window's words, as openai: median capped at 0.7 s, max = 2x."""
+    durations = np.array([t.end - t.start for t in alignment], dtype=np.float64)
+    durations = durations[durations.nonzero()]
+    median_duration = min(0.7, float(np.median(durations))) if len(durations) > 0 else 0.0
+    return median_duration, median_duration * 2
+
+
+def clamp_sentence_boundaries(alignment: list[WordTiming], max_duration: float) -> list[WordTiming]:
+    """Shorten over-long words at sentence ends: a sentence-end mark ends max_duration after it starts,
+    and an over-long word right after one starts max_duration before it ends (openai's hack; the DTW
+    tends to stretch these over the pause between sentences)."""
+    result = list(alignment)
+    if not any(t.end != t.start for t in result):
+        return result
+    for i in range(1, len(result)):
+        timing = result[i]
+        if timing.end - timing.start > max_duration:
+            if timing.word in SENTENCE_END_MARKS:
+                result[i] = dataclasses.replace(timing, end=timing.start + max_duration)
+            elif result[i - 1].word in SENTENCE_END_MARKS:
+                result[i] = dataclasses.replace(timing, start=timing.end - max_duration)
+    return result
+
+
+def segment_text_tokens(segments: Sequence[dict], eot: int | None = None) -> list[list[int]]:
+    """Each segment's text tokens (ids < eot when eot is given), in order: their concatenation is the
+    ``text_tokens`` to align for the window."""
+    return [[int(t) for t in s["tokens"] if eot is None or t < eot] for s in segments]
+
+
+def add_word_timestamps(
+    segments: list[dict],
+    alignment: list[WordTiming],
+    *,
+    time_offset: float,
+    last_speech_timestamp: float,
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+    append_punctuations: str = APPEND_PUNCTUATIONS,
+    eot: int | None = None,
+) -> float:
+    """Give each segment of one window its ``"words"`` and make its start/end agree with them.
+
+    segments: the window's segments in order, dicts with "start", "end" (seconds, absolute) and
+        "tokens" (text tokens; ids >= eot are dropped when eot is given); updated in place.
+    alignment: ``find_alignment`` over the concatenated text tokens of these segments (times
+        relative to the window); time_offset: the window's start in seconds (seek * 0.01).
+    Returns the updated last_speech_timestamp (end of the last segment that got words).
+
+    openai-whisper's segment logic (faster-whisper's is the same): words are dealt out to segments by
+    token counts; over-long words at sentence ends and after a pause of more than 4x the median word
+    duration are shortened; the segment's own timestamp is kept when the first/last word overshoots it
+    by more than 0.5 s. On top of that (openai does not guarantee these) every word lies at or after
+    the window start and after the previous word, and each segment spans exactly its first word's
+    start to its last word's end. Times are rounded to 0.01 s; probabilities are left unrounded.
+    """
+    if len(segments) == 0:
+        return last_speech_timestamp
+
+    text_tokens_per_segment = segment_text_tokens(segments, eot)
+    median_duration, max_duration = word_duration_limits(alignment)
+    alignment = clamp_sentence_boundaries(alignment, max_duration)
+    alignment = merge_punctuations(alignment, prepend_punctuations, append_punctuations)
+
+    previous_end = round(float(time_offset), 2)
+    word_index = 0
+    for segment, text_tokens in zip(segments, text_tokens_per_segment, strict=True):
+        saved_tokens = 0
+        words: list[dict] = []
+        while word_index < len(alignment) and saved_tokens < len(text_tokens):
+            timing = alignment[word_index]
+            if timing.word:
+                words.append(
+                    {
+                        "word": timing.word,
+                        "start": round(time_offset + timing.start, 2),
+                        "end": round(time_offset + timing.end, 2),
+                        "probability": float(timing.probability),
+                    }
+                )
+            saved_tokens += len(timing.tokens)
+            word_index += 1
+
+        if len(words) > 0:
+            _trim_segment_edges(segment, words, last_speech_timestamp, median_duration, max_duration)
+            previous_end = _keep_in_order(segment, words, previous_end)
+            last_speech_timestamp = segment["end"]
+        segment["words"] = words
+
+    return last_speech_timestamp
+
+
+def _trim_segment_edges(
+    segment: dict,
+    words: list[dict],
+    last_speech_timestamp: float,
+    median_duration: float,
+    max_duration: float,
+) -> None:
+    """openai's hacks at segment edges (a VAD-based segmentation should replace them one day)."""
+    # The first word (and second) after a pause should not be longer than twice the median word.
+    if words[0]["end"] - last_speech_timestamp > median_duration * 4 and (
+        words[0]["end"] - words[0]["start"] > max_duration
+        or (len(words) > 1 and words[1]["end"] - words[0]["start"] > max_duration * 2)
+    ):
+        if len(words) > 1 and words[1]["end"] - words[1]["start"] > max_duration:
+            boundary = max(words[1]["end"] / 2, words[1]["end"] - max_duration)
+            words[0]["end"] = words[1]["start"] = boundary
+        words[0]["start"] = max(0, words[0]["end"] - max_duration)
+
+    # Prefer the segment-level start timestamp if the first word is too long.
+    if segment["start"] < words[0]["end"] and segment["start"] - 0.5 > words[0]["start"]:
+        words[0]["start"] = max(0, min(words[0]["end"] - median_duration, segment["start"]))
+    else:
+        segment["start"] = words[0]["start"]
+
+    # Prefer the segment-level end timestamp if the last word is too long.
+    if segment["end"] > words[-1]["start"] and segment["end"] + 0.5 < words[-1]["end"]:
+        words[-1]["end"] = max(words[-1]["start"] + median_duration, segment["end"])
+    else:
+        segment["end"] = words[-1]["end"]
+
+
+def _keep_in_order(segment: dict, words: list[dict], previous_end: float) -> float:
+    """Round, make the words non-overlapping and non-decreasing from previous_end on, and make the
+    segment span its words. Returns the last word's end. A no-op whenever openai's output is already
+    ordered (the common case): it only repairs the rare overlaps its edge rules can create."""
+    for word in words:
+        start = max(round(float(word["start"]), 2), previous_end)
+        end = max(round(float(word["end"]), 2), start)
+        word["start"], word["end"] = start, end
+        previous_end = end
+    segment["start"] = words[0]["start"]
+    segment["end"] = words[-1]["end"]
+    return previous_end
+
+
+# --- hallucination_silence_threshold (openai-whisper's transcribe() helpers) ---
+
+
+def word_anomaly_score(word: dict) -> float:
+    """How implausible a word is: improbable, very short (< 0.133 s) or very long (> 2 s)."""
+    probability = word.get("probability", 0.0)
+    duration = word["end"] - word["start"]
+    score = 0.0
+    if probability < 0.15:
+        score += 1.0
+    if duration < 0.133:
+        score += (0.133 - duration) * 15
+    if duration > 2.0:
+        score += duration - 2.0
+    return score
+
+
+def is_segment_anomaly(segment: dict | None) -> bool:
+    """A segment whose first 8 non-punctuation words look hallucinated."""
+    if segment is None or not segment.get("words"):
+        return False
+    words = [w for w in segment["words"] if w["word"] not in PUNCTUATION][:8]
+    score = sum(word_anomaly_score(w) for w in words)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
+def next_words_segment(segments: Sequence[dict]) -> dict | None:
+    """The first segment that has words."""
+    return next((s for s in segments if s.get("words")), None)
+
+
+def get_end(segments: Sequence[dict]) -> float | None:
+    """End of the last word of the segments, else the last segment's end, else None (openai's utils.get_end)."""
+    return next(
+        (w["end"] for s in reversed(segments) for w in s.get("words", [])),
+        segments[-1]["end"] if segments else None,
+    )
+
+
+__all__ = [
+    "APPEND_PUNCTUATIONS",
+    "PREPEND_PUNCTUATIONS",
+    "PUNCTUATION",
+    "TOKENS_PER_SECOND",
+    "WordTiming",
+    "add_word_timestamps",
+    "alignment_matrix",
+    "clamp_sentence_boundaries",
+    "dtw",
+    "find_alignment",
+    "get_end",
+    "is_segment_anomaly",
+    "median_filter",
+    "merge_punctuations",
+    "next_words_segment",
+    "segment_text_tokens",
+    "text_token_probabilities",
+    "word_anomaly_score",
+    "word_duration_limits",
+]
