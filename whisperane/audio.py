@@ -183,7 +183,27 @@ def _one_line(e: BaseException) -> str:
         text = text.split(": ", 1)[1]
     if text.startswith("Error : "):
         text = text[len("Error : ") :]
+    # libsndfile's answer when libmpg123 finds no MPEG frame in a file it had already opened; the file is there.
+    if text.startswith("File does not exist or is not a regular file"):
+        text = "no valid audio frames found"
     return text.rstrip(".")
+
+
+def _mp3_declares_length(name: str) -> bool:
+    """True when an MP3 file carries a Xing/Info/VBRI header: its frame count is then the encoder's, and a
+    file that decodes to much less has been cut off (without one, libsndfile estimates the length from the
+    file size, which says nothing about truncation)."""
+    try:
+        with open(name, "rb") as f:
+            head = f.read(10)
+            if head[:3] == b"ID3" and len(head) == 10:  # skip an ID3v2 tag: 10-byte header, syncsafe size
+                f.seek(10 + ((head[6] & 0x7F) << 21 | (head[7] & 0x7F) << 14 | (head[8] & 0x7F) << 7 | (head[9] & 0x7F)))
+            else:
+                f.seek(0)
+            first_frame = f.read(2048)  # the tag sits right after the first frame's side information
+    except OSError:
+        return False
+    return any(tag in first_frame for tag in (b"Xing", b"Info", b"VBRI"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,9 +253,12 @@ class AudioStream:
             file.close()
             raise AudioError(f"{self.name}: invalid sample rate {self.source_sample_rate} Hz")
         if file.frames == 0:
+            compressed = file.format not in ("WAV", "WAVEX", "AIFF", "RAW")
             file.close()
-            raise AudioError(f"{self.name}: contains no audio samples")
+            cause = "no decodable audio (truncated or corrupt)" if compressed else "contains no audio samples"
+            raise AudioError(f"{self.name}: {cause}")
         self._header_frames = int(file.frames)
+        self._length_declared = file.format == "MP3" and _mp3_declares_length(self.name)
         self._block_frames = max(1, int(block_seconds * self.source_sample_rate))
         self._history = int(history_seconds * self.sample_rate)
         self._resampler = (
@@ -365,9 +388,20 @@ class AudioStream:
         if last:
             self._exhausted = True
             self.close()
+            self._check_complete()
         if self._resampler is None:
             return np.ascontiguousarray(mono, dtype=np.float32)
         return self._resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
+
+    def _check_complete(self) -> None:
+        """An MP3 whose Xing/Info header counts more frames than decoded was cut off (libmpg123 only warns)."""
+        missing = self._header_frames - self._frames_read
+        if self._length_declared and missing > max(2 * 1152, 0.01 * self._header_frames):
+            rate = self.source_sample_rate
+            raise AudioError(
+                f"{self.name}: truncated MP3 file: the header declares {self._header_frames / rate:.1f} s "
+                f"of audio but only {self._frames_read / rate:.1f} s are present"
+            )
 
     # -- lifetime ------------------------------------------------------------------------------------
 

@@ -69,9 +69,30 @@ def read_config(bundle: Path) -> dict:
     return cfg
 
 
-def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None) -> None:
-    """Check the sha256 of the listed files (all when ``names`` is None): missing, truncated, tampered."""
+VERIFIED_STAMP = ".verified.json"
+
+
+def _stat_key(path: Path) -> list[int]:
+    """Size and modification time of a file or of every file in a package directory."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return [v for f in files for st in (f.stat(),) for v in (st.st_size, st.st_mtime_ns)]
+
+
+def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None, use_stamp: bool = False) -> None:
+    """Check the sha256 of the listed files (all when ``names`` is None): missing, truncated, tampered.
+
+    With ``use_stamp``, a file whose size and mtime still match the last successful check is not hashed again
+    (hashing a large bundle costs more than loading it); any write to a file changes its mtime.
+    """
     files: dict[str, str] = cfg.get("files") or {}
+    stamp_path = bundle / VERIFIED_STAMP
+    stamp: dict = {}
+    if use_stamp:
+        try:
+            stamp = json.loads(stamp_path.read_text())
+        except (OSError, ValueError):
+            stamp = {}
+    fresh: dict = {}
     for rel in names if names is not None else list(files):
         expected = files.get(rel)
         path = bundle / rel
@@ -79,10 +100,22 @@ def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None) -> No
             raise ModelError(f"{path}: not listed in {CONFIG_NAME}; rebuild with: {rebuild_command(cfg, bundle)}")
         if not path.exists():
             raise ModelError(f"{path}: missing; rebuild the bundle with: {rebuild_command(cfg, bundle)}")
+        key = _stat_key(path)
+        if use_stamp and stamp.get(rel) == [expected, key]:
+            fresh[rel] = stamp[rel]
+            continue
         if hash_path(path) != expected:
             raise ModelError(
                 f"{path}: checksum mismatch (corrupted or modified); rebuild the bundle with: {rebuild_command(cfg, bundle)}"
             )
+        fresh[rel] = [expected, key]
+    if use_stamp and fresh != {k: stamp.get(k) for k in fresh}:
+        try:  # best effort: a read-only bundle is simply hashed on every load
+            tmp = stamp_path.with_name(f".verified.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**stamp, **fresh}))
+            os.replace(tmp, stamp_path)
+        except OSError:
+            pass
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ leaves a partial file under a final name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
@@ -72,24 +75,61 @@ def add_transcribe_parser(sub) -> None:
     p.add_argument("--verbose", action="store_true", help="print each segment as it is decoded")
 
 
-def _expand_inputs(paths: list[str]) -> list[str]:
-    out: list[str] = []
+@dataclass(frozen=True)
+class _Job:
+    """One input file and the directory its outputs go to."""
+
+    path: str
+    output_dir: str
+
+
+def _plan_jobs(paths: list[str], output_dir: str) -> list[_Job]:
+    """Inputs in order, each file once. Files found in a directory argument keep their subdirectory under the
+    output directory, so that ``a/x.wav`` and ``b/x.wav`` do not write the same ``x.json``."""
+    jobs: list[_Job] = []
+    seen: set[str] = set()
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(str(f) for f in Path(p).rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_EXTENSIONS)
+            found = sorted(f for f in Path(p).rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_EXTENSIONS)
             if not found:
-                out.append(p)  # reported as "no audio files" below
-            out.extend(found)
+                jobs.append(_Job(p, output_dir))  # reported as "no audio files" when its turn comes
+            for f in found:
+                sub = f.parent.relative_to(p)
+                jobs.append(_Job(str(f), output_dir if output_dir == "-" else os.path.join(output_dir, sub)))
         else:
-            out.append(p)
-    return out
+            jobs.append(_Job(p, output_dir))
+    unique = []
+    for job in jobs:
+        key = os.path.realpath(job.path)
+        if key not in seen:
+            seen.add(key)
+            unique.append(job)
+    return unique
+
+
+def _output_owner(jobs: list[_Job], formats: str) -> dict[str, str]:
+    """For each job whose outputs would overwrite those of an earlier one (``x.wav`` and ``x.flac`` in one
+    directory), the earlier input's path."""
+    from .writers import output_paths
+
+    owners: dict[str, str] = {}
+    clashes: dict[str, str] = {}
+    for job in jobs:
+        if job.output_dir == "-" or os.path.isdir(job.path):
+            continue
+        for out in output_paths(job.path, job.output_dir, formats):
+            key = os.path.normpath(os.path.abspath(out))
+            first = owners.setdefault(key, job.path)
+            if first != job.path:
+                clashes.setdefault(job.path, first)
+    return clashes
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
     from .audio import open_audio
     from .model import load_model
     from .transcribe import transcribe
-    from .writers import get_writer, outputs_complete
+    from .writers import WriteJSON, get_writer, outputs_complete
 
     for name, value in (("--threads", args.threads), ("--best-of", args.best_of)):
         if value is not None and value < 0:
@@ -104,69 +144,95 @@ def run_transcribe(args: argparse.Namespace) -> int:
         try:
             os.makedirs(args.output_dir, exist_ok=True)
         except OSError as e:
-            _error(f"{args.output_dir}: cannot create the output directory ({e.strerror})")
+            _error(f"{args.output_dir}: cannot create the output directory ({e.strerror or e})")
             return 1
-    inputs = _expand_inputs(args.audio)
+    jobs = _plan_jobs(args.audio, args.output_dir)
     formats = "json" if to_stdout else args.output_format
-    todo = [p for p in inputs if to_stdout or args.overwrite or not outputs_complete(p, args.output_dir, formats)]
-    for p in inputs:
-        if p not in todo:
-            print(f"whisperane: {p}: outputs complete, skipped (use --overwrite)", file=sys.stderr)
-    if not todo:
-        return 0
-    try:
-        model = load_model(args.model, executor=args.executor, threads=args.threads or None, compute_units=args.compute_units)
-    except WhisperaneError as e:
-        _error(str(e))
-        return 1
-    writer = None if to_stdout else get_writer(args.output_format, args.output_dir)
+    clashes = _output_owner(jobs, formats)
+    todo = []
+    for job in jobs:
+        if to_stdout or args.overwrite or job.path in clashes or not outputs_complete(job.path, job.output_dir, formats):
+            todo.append(job)
+        else:
+            print(f"whisperane: {job.path}: outputs complete, skipped (use --overwrite)", file=sys.stderr)
     writer_opts = {k: getattr(args, k) for k in ("max_line_width", "max_line_count", "max_words_per_line", "highlight_words")}
+    model = None  # loaded when the first readable file needs it: bad inputs fail fast, without a model
     failures: list[tuple[str, str]] = []
-    for path in todo:
+    for job in todo:
+        path = job.path
         t0 = time.time()
         try:
             if os.path.isdir(path):
                 raise WhisperaneError(f"{path}: directory holds no audio files")
+            if path in clashes:
+                raise WhisperaneError(
+                    f"{path}: its outputs would overwrite those of {clashes[path]} (same name); "
+                    "rename one of them or transcribe them into separate output directories"
+                )
             stream = open_audio(path)
-            bar = _progress_bar(args.progress, stream.duration, path)
             try:
-                result = transcribe(
-                    stream, model, language=args.language, task=args.task, word_timestamps=args.word_timestamps,
-                    progress=bar.update if bar else None, temperature=temps, best_of=args.best_of,
-                    initial_prompt=args.initial_prompt, condition_on_previous_text=args.condition_on_previous_text,
-                    compression_ratio_threshold=args.compression_ratio_threshold, logprob_threshold=args.logprob_threshold,
-                    no_speech_threshold=args.no_speech_threshold, clip_timestamps=args.clip_timestamps,
-                    hallucination_silence_threshold=args.hallucination_silence_threshold, prefill=args.prefill,
-                )  # fmt: skip
+                if model is None:
+                    try:
+                        model = load_model(args.model, executor=args.executor, threads=args.threads or None,
+                                           compute_units=args.compute_units)  # fmt: skip
+                    except WhisperaneError as e:
+                        raise _ModelUnavailable(str(e)) from None
+                bar = _progress_bar(args.progress, stream.duration, path)
+                try:
+                    result = transcribe(
+                        stream, model, language=args.language, task=args.task, word_timestamps=args.word_timestamps,
+                        progress=bar.update if bar else None, temperature=temps, best_of=args.best_of,
+                        initial_prompt=args.initial_prompt, condition_on_previous_text=args.condition_on_previous_text,
+                        compression_ratio_threshold=args.compression_ratio_threshold, logprob_threshold=args.logprob_threshold,
+                        no_speech_threshold=args.no_speech_threshold, clip_timestamps=args.clip_timestamps,
+                        hallucination_silence_threshold=args.hallucination_silence_threshold, prefill=args.prefill,
+                    )  # fmt: skip
+                finally:
+                    if bar:
+                        bar.close()
             finally:
                 stream.close()
-                if bar:
-                    bar.close()
             data = result.to_dict()
             if args.verbose:
                 for s in data["segments"]:
                     print(f"[{s['start']:8.2f} --> {s['end']:8.2f}] {s['text']}", file=sys.stderr)
             if to_stdout:
-                from .writers import WriteJSON
-
                 sys.stdout.write(WriteJSON(".").render(data))
                 sys.stdout.flush()
             else:
-                written = writer(data, path, writer_opts)
+                written = get_writer(args.output_format, job.output_dir)(data, path, writer_opts)
                 names = ", ".join(str(w) for w in (written if isinstance(written, list) else [written]))
                 print(f"whisperane: {path} -> {names} ({time.time() - t0:.2f} s)", file=sys.stderr)
+        except _ModelUnavailable as e:
+            _error(str(e))  # no file can be transcribed without the model
+            return 1
         except WhisperaneError as e:
-            _error(str(e))
-            failures.append((path, str(e)))
+            failures.append((path, _report(str(e))))
         except (ValueError, OSError) as e:
-            msg = f"{path}: {type(e).__name__}: {e}".splitlines()[0]
-            _error(msg)
-            failures.append((path, msg))
+            failures.append((path, _report(f"{path}: {_describe(e)}")))
+        except Exception as e:  # noqa: BLE001 - one bad file must not end a batch, nor print a traceback
+            if os.environ.get("WHISPERANE_DEBUG"):
+                raise
+            failures.append((path, _report(f"{path}: internal error ({_describe(e)}); set WHISPERANE_DEBUG=1 for a traceback")))
     if failures and len(todo) > 1:
         print(f"whisperane: {len(failures)} of {len(todo)} file(s) failed:", file=sys.stderr)
-        for path, _msg in failures:
-            print(f"  {path}", file=sys.stderr)
+        for _path, msg in failures:
+            print(f"  {msg}", file=sys.stderr)
     return 1 if failures else 0
+
+
+class _ModelUnavailable(WhisperaneError):
+    """The model could not be loaded: the batch stops there."""
+
+
+def _describe(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _report(msg: str) -> str:
+    _error(msg)
+    return msg
 
 
 def _frange(start: float, stop: float, step: float):
@@ -214,23 +280,64 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Route ``sys.stderr`` to a copy of file descriptor 2 and point descriptor 2 itself at /dev/null.
+
+    Native libraries write their own warnings straight to descriptor 2 (libmpg123: "Note: Illegal Audio-MPEG-
+    Header ..."), which would break the one-line error contract; whisperane's own messages, tracebacks and the
+    progress bar go through ``sys.stderr`` and still reach the terminal. ``WHISPERANE_DEBUG=1`` keeps them.
+    """
+    try:
+        fd = sys.stderr.fileno() if sys.stderr is not None else -1
+    except (AttributeError, OSError, ValueError):  # replaced by an in-memory stream (pytest's capsys, ...)
+        fd = -1
+    if fd != 2 or os.environ.get("WHISPERANE_DEBUG"):
+        yield
+        return
+    original = sys.stderr
+    original.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr = open(saved, "w", buffering=1, encoding=original.encoding, errors="backslashreplace", closefd=False)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        sys.stderr = original
+        os.close(saved)
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # exits 2 on a usage error
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     try:
-        if args.command == "transcribe":
-            return run_transcribe(args)
-        from .convert.cli import run_convert
+        with _native_stderr_silenced():
+            try:
+                if args.command == "transcribe":
+                    return run_transcribe(args)
+                from .convert.cli import run_convert
 
-        return run_convert(args)
-    except KeyboardInterrupt:
-        _error("interrupted; outputs already written are complete, nothing partial was left")
-        return 130
-    except WhisperaneError as e:
-        _error(str(e))
-        return 1
+                return run_convert(args)
+            except KeyboardInterrupt:
+                _error("interrupted; outputs already written are complete, nothing partial was left")
+                return 130
+            except WhisperaneError as e:
+                _error(str(e))
+                return 1
+            except Exception as e:  # noqa: BLE001 - the one-line contract holds for the unforeseen too
+                if os.environ.get("WHISPERANE_DEBUG"):
+                    raise
+                _error(f"internal error ({_describe(e)}); set WHISPERANE_DEBUG=1 for a traceback")
+                return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

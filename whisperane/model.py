@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import N_SAMPLES
+from .audio import HOP_LENGTH, N_SAMPLES
 from .bundle import BundleInfo, default_models_dir, verify_bundle
 from .errors import ModelError
 from .executors import Component, open_component
@@ -89,7 +89,7 @@ class WhisperaneModel:
                                  f"{cfg.get('name', bundle.name)} --formats {fmt} --out {bundle}")  # fmt: skip
             rels[name] = rel
         if verify:
-            verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"])
+            verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"], use_stamp=True)
         threads = threads or int(os.environ.get("WHISPERANE_THREADS", "0")) or None
         self.components: dict[str, Component] = {
             name: open_component(bundle, rel, executor, threads, compute_units) for name, rel in rels.items()
@@ -123,10 +123,20 @@ class WhisperaneModel:
     # --- audio side -------------------------------------------------------------------------------------
 
     def log_mel(self, audio: np.ndarray) -> np.ndarray:
-        """Up to 30 s of 16 kHz audio (zero-padded) -> [1, M, 1, 3000]."""
+        """Up to 30 s of 16 kHz audio -> [1, M, 1, 3000].
+
+        Frames past the audio are zero in the log-mel domain, as openai-whisper and faster-whisper pad a short
+        window (``pad_or_trim`` of the mel): the model was trained on that, not on the log-mel of silence.
+        """
+        n = min(len(audio), N_SAMPLES)
         window = np.zeros(N_SAMPLES, dtype=np.float32)
-        window[: min(len(audio), N_SAMPLES)] = audio[:N_SAMPLES]
-        return self.mel_component.run({"audio": window})["melspectrogram_features"]
+        window[:n] = audio[:n]
+        mel = self.mel_component.run({"audio": window})["melspectrogram_features"]
+        content_frames = n // HOP_LENGTH
+        if content_frames < mel.shape[-1]:
+            mel = np.array(mel)
+            mel[..., content_frames:] = 0.0
+        return mel
 
     def encode(self, mel: np.ndarray) -> EncodedWindow:
         out = self.encoder.run({"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)})
