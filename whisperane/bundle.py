@@ -108,6 +108,8 @@ def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None, use_s
             raise ModelError(
                 f"{path}: checksum mismatch (corrupted or modified); rebuild the bundle with: {rebuild_command(cfg, bundle)}"
             )
+        if rel == "tokenizer.json":
+            check_tokenizer(path, cfg, bundle)
         fresh[rel] = [expected, key]
     if use_stamp and fresh != {k: stamp.get(k) for k in fresh}:
         try:  # best effort: a read-only bundle is simply hashed on every load
@@ -116,6 +118,40 @@ def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None, use_s
             os.replace(tmp, stamp_path)
         except OSError:
             pass
+
+
+# config.json's special_tokens keys and the token text each may have in tokenizer.json's added_tokens.
+_SPECIAL_TEXT = {
+    "eot": ("<|endoftext|>",),
+    "sot": ("<|startoftranscript|>",),
+    "transcribe": ("<|transcribe|>",),
+    "translate": ("<|translate|>",),
+    "no_timestamps": ("<|notimestamps|>",),
+    "no_speech": ("<|nospeech|>", "<|nocaptions|>"),
+}
+
+
+def check_tokenizer(path: Path, cfg: dict, bundle: Path) -> None:
+    """Check that tokenizer.json belongs to this model: its special tokens have the ids config.json gives them.
+
+    A tokenizer swapped in from another model (with the checksum in config.json updated to match) would
+    otherwise load and decode every token as a different word.
+    """
+    try:
+        added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
+        ids = {t["content"]: int(t["id"]) for t in added}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ModelError(f"{path}: unreadable ({e}); rebuild the bundle with: {rebuild_command(cfg, bundle)}") from None
+    expected = dict(cfg.get("special_tokens") or {})
+    expected.update({f"<|{code}|>": tid for code, tid in (cfg.get("languages") or {}).items()})
+    for key, want in expected.items():
+        names = _SPECIAL_TEXT.get(key, (key,) if key.startswith("<|") else ())
+        found = [ids[n] for n in names if n in ids]
+        if found and want not in found:
+            raise ModelError(
+                f"{path}: does not match the model ({names[0]} is token {found[0]} here but {want} in {CONFIG_NAME}: "
+                f"a tokenizer from another model?); rebuild the bundle with: {rebuild_command(cfg, bundle)}"
+            )
 
 
 @dataclass(frozen=True)

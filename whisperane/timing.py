@@ -525,7 +525,7 @@ def next_words_segment(segments: Sequence[dict]) -> dict | None:
 def get_end(segments: Sequence[dict]) -> float | None:
     """End of the last word of the segments, else the last segment's end, else None (openai's utils.get_end)."""
     return next(
-        (w["end"] for s in reversed(segments) for w in s.get("words", [])),
+        (w["end"] for s in reversed(segments) for w in reversed(s.get("words") or [])),
         segments[-1]["end"] if segments else None,
     )
 
