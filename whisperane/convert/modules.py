@@ -91,7 +91,7 @@ def conv1x1(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:
 def split_heads(x: Tensor, n_head: int) -> Tensor:
     """[B, d, 1, T] -> [B, H, Dh, T]."""
     b, d, _, t = x.shape
-    return x.reshape(b, n_head, d // n_head, t)
+    return x.reshape(b, n_head, -1, t)
 
 
 def merge_heads(x: Tensor) -> Tensor:
