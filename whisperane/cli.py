@@ -1,8 +1,13 @@
 """Command line: ``whisperane transcribe`` and ``whisperane convert``.
 
-Every failure prints one line ``whisperane: error: ...`` and the exit status is non-zero; a batch goes on past
-a bad file and reports the failures at the end. Outputs are written atomically, so an interrupted run never
-leaves a partial file under a final name.
+Every failure prints one line ``whisperane: error: <file>: <cause>`` and the exit status is non-zero (1; 2 for
+usage errors; 130 when interrupted by Ctrl-C or SIGTERM). A batch goes on past a bad file and lists the
+failures at the end; the model is loaded when the first readable file needs it, so bad inputs fail fast.
+Outputs are written atomically (temporary file, rename), so an interrupted run never leaves a partial file
+under a final name, and a re-run skips inputs whose outputs all exist unless ``--overwrite``. Files found in a
+directory argument keep their subdirectory under the output directory; two inputs that would still write the
+same output file are refused rather than overwritten. Native libraries' own messages on file descriptor 2 are
+silenced and unforeseen exceptions are reported in one line; ``WHISPERANE_DEBUG=1`` shows both.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ def _plan_jobs(paths: list[str], output_dir: str) -> list[_Job]:
                 jobs.append(_Job(p, output_dir))  # reported as "no audio files" when its turn comes
             for f in found:
                 sub = f.parent.relative_to(p)
-                jobs.append(_Job(str(f), output_dir if output_dir == "-" else os.path.join(output_dir, sub)))
+                keep_layout = output_dir != "-" and sub != Path(".")
+                jobs.append(_Job(str(f), os.path.join(output_dir, sub) if keep_layout else output_dir))
         else:
             jobs.append(_Job(p, output_dir))
     unique = []

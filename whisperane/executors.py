@@ -55,7 +55,7 @@ class OnnxComponent:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self.session.run(self._output_names, feeds)
-        return dict(zip(self._output_names, values))
+        return dict(zip(self._output_names, values, strict=True))
 
 
 def default_providers() -> list[str]:

@@ -188,7 +188,7 @@ class WhisperaneModel:
         if state.length + t > state.cache_length:
             raise ModelError(f"{t} tokens do not fit the decoder cache at position {state.length}")
         if self.sequence is None:
-            logits, align = zip(*(self.step(state, tokens[:, i], enc) for i in range(t)))
+            logits, align = zip(*(self.step(state, tokens[:, i], enc) for i in range(t)), strict=True)
             return np.stack(logits, axis=1), np.stack(align, axis=2)
         feeds = {
             "input_ids": tokens.astype(np.int32),

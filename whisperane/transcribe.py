@@ -199,7 +199,6 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
     prompt_reset_since = 0
     if options.initial_prompt:
         all_tokens.extend(tokenizer.encode(" " + options.initial_prompt.strip()))
-    initial_prompt_len = len(all_tokens)
     last_speech_timestamp = 0.0
     window_index = 0
 
@@ -224,9 +223,8 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
             content_frames = int(stream.n_samples // HOP_LENGTH)
 
         prompt = all_tokens[prompt_reset_since:]
-        result = _decode_with_fallback(model, enc, options, prompt if options.condition_on_previous_text or prompt_reset_since < initial_prompt_len else prompt, language, tokenizer, language_probs, seed=window_index)  # noqa: E501
+        result = _decode_with_fallback(model, enc, options, prompt, language, tokenizer, language_probs, seed=window_index)
         window_index += 1
-        tokens = list(result.tokens)
 
         if options.no_speech_threshold is not None:
             should_skip = result.no_speech_prob > options.no_speech_threshold
@@ -239,43 +237,7 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
                 continue
 
         previous_seek = seek
-        current_segments: list[dict] = []
-
-        def new_segment(start: float, end: float, toks: list[int]) -> dict:
-            text_tokens = [t for t in toks if t < tokenizer.eot]
-            return {
-                "seek": seek, "start": start, "end": end, "text": tokenizer.decode(text_tokens), "tokens": toks,
-                "temperature": result.temperature, "avg_logprob": result.avg_logprob,
-                "compression_ratio": result.compression_ratio, "no_speech_prob": result.no_speech_prob,
-            }  # fmt: skip
-
-        tb = tokenizer.timestamp_begin
-        is_ts = [t >= tb for t in tokens]
-        single_timestamp_ending = is_ts[-2:] == [False, True]
-        consecutive = [i + 1 for i in range(len(is_ts) - 1) if is_ts[i] and is_ts[i + 1]]
-        if consecutive:
-            slices = list(consecutive)
-            if single_timestamp_ending:
-                slices.append(len(tokens))
-            last_slice = 0
-            for current_slice in slices:
-                sliced = tokens[last_slice:current_slice]
-                start_pos = sliced[0] - tb
-                end_pos = sliced[-1] - tb
-                current_segments.append(new_segment(time_offset + start_pos * TIME_PRECISION, time_offset + end_pos * TIME_PRECISION, sliced))
-                last_slice = current_slice
-            if single_timestamp_ending:
-                seek += segment_size  # single timestamp at the end means no speech after the last timestamp
-            else:
-                last_timestamp_pos = tokens[last_slice - 1] - tb
-                seek += last_timestamp_pos * INPUT_STRIDE
-        else:
-            seg_duration = segment_duration
-            timestamps = [t for t in tokens if t >= tb]
-            if timestamps and timestamps[-1] != tb:
-                seg_duration = (timestamps[-1] - tb) * TIME_PRECISION  # single timestamp at the end
-            current_segments.append(new_segment(time_offset, time_offset + seg_duration, tokens))
-            seek += segment_size
+        current_segments, seek, single_timestamp_ending = _split_segments(result, tokenizer, seek, segment_size)
 
         if options.word_timestamps:
             _add_words(model, enc, result, current_segments, tokenizer, options, time_offset, segment_size, last_speech_timestamp)
@@ -316,6 +278,50 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
     text = tokenizer.decode([t for s in all_segments for t in s["tokens"] if t < tokenizer.eot])
     return TranscriptionResult(text=text, language=language, duration=round(duration, 3), segments=segments,
                                language_probs=language_probs)  # fmt: skip
+
+
+def _split_segments(result: DecodingResult, tokenizer: Tokenizer, seek: int, segment_size: int) -> tuple[list[dict], int, bool]:
+    """openai-whisper's split of a window's tokens into segments at consecutive timestamp pairs.
+
+    Returns the segments, the next seek (from the last complete timestamp pair, or the whole window) and
+    whether the tokens end with a single timestamp (no speech after it).
+    """
+    tokens = list(result.tokens)
+    time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+    tb = tokenizer.timestamp_begin
+
+    def new_segment(start: float, end: float, toks: list[int]) -> dict:
+        text_tokens = [t for t in toks if t < tokenizer.eot]
+        return {
+            "seek": seek, "start": start, "end": end, "text": tokenizer.decode(text_tokens), "tokens": toks,
+            "temperature": result.temperature, "avg_logprob": result.avg_logprob,
+            "compression_ratio": result.compression_ratio, "no_speech_prob": result.no_speech_prob,
+        }  # fmt: skip
+
+    is_ts = [t >= tb for t in tokens]
+    single_timestamp_ending = is_ts[-2:] == [False, True]
+    consecutive = [i + 1 for i in range(len(is_ts) - 1) if is_ts[i] and is_ts[i + 1]]
+    segments: list[dict] = []
+    if consecutive:
+        slices = consecutive + ([len(tokens)] if single_timestamp_ending else [])
+        last_slice = 0
+        for current_slice in slices:
+            sliced = tokens[last_slice:current_slice]
+            start, end = (sliced[0] - tb) * TIME_PRECISION, (sliced[-1] - tb) * TIME_PRECISION
+            segments.append(new_segment(time_offset + start, time_offset + end, sliced))
+            last_slice = current_slice
+        if single_timestamp_ending:
+            next_seek = seek + segment_size  # no speech after the last timestamp
+        else:
+            next_seek = seek + (tokens[last_slice - 1] - tb) * INPUT_STRIDE
+    else:
+        duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+        timestamps = [t for t in tokens if t >= tb]
+        if timestamps and timestamps[-1] != tb:
+            duration = (timestamps[-1] - tb) * TIME_PRECISION  # a single timestamp at the end
+        segments.append(new_segment(time_offset, time_offset + duration, tokens))
+        next_seek = seek + segment_size
+    return segments, next_seek, single_timestamp_ending
 
 
 def _last_speech(segments: list[dict], last: float) -> float:

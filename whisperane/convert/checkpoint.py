@@ -269,5 +269,5 @@ def _load_openai(path: Path) -> Checkpoint:
         if isinstance(raw, (bytes, str)):
             mask = np.frombuffer(gzip.decompress(base64.b85decode(raw)), dtype=bool)
             mask = mask.reshape(dims.n_text_layer, dims.n_text_head)
-            heads = [(int(a), int(b)) for a, b in zip(*np.nonzero(mask))]
+            heads = [(int(a), int(b)) for a, b in zip(*np.nonzero(mask), strict=True)]
     return Checkpoint(dims, sd, heads or default_alignment_heads(dims), "openai", path)

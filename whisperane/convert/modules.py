@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..audio import HOP_LENGTH, N_FFT, N_SAMPLES, mel_filters
+from ..audio import HOP_LENGTH, N_FFT, mel_filters
 from ..dims import ModelDimensions
 
 MASK_VALUE = -1e4  # additive mask; -inf would turn fully masked rows into NaN and overflows nothing in fp16

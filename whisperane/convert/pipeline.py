@@ -19,7 +19,7 @@ import torch
 from filelock import FileLock
 
 from .. import __version__
-from ..bundle import CONTRACT_VERSION, CONFIG_NAME, default_models_dir, hash_path, verify_bundle
+from ..bundle import CONFIG_NAME, CONTRACT_VERSION, default_models_dir, hash_path, verify_bundle
 from ..errors import ConversionError, ModelError
 from . import export_onnx, modules
 from .checkpoint import load_checkpoint

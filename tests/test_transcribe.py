@@ -1,0 +1,161 @@
+"""The decoding loop against an independent reference: faster-whisper (CTranslate2) on the same weights.
+
+Greedy transcripts must be identical and word timestamps within openai-whisper's/faster-whisper's own DTW
+(median 20 ms, p95 100 ms); long-form segmentation must be ordered, inside the audio and free of loops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from whisperane.audio import SAMPLE_RATE, load_audio
+from whisperane.transcribe import transcribe
+
+from .conftest import DATA_DIR
+
+EN_CLIPS = ["jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "LJ001-0002.flac"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_en_bundle):
+    from whisperane.model import load_model
+
+    return load_model(tiny_en_bundle, threads=2)
+
+
+@pytest.fixture(scope="module")
+def base(base_bundle):
+    from whisperane.model import load_model
+
+    return load_model(base_bundle, threads=2)
+
+
+def _faster_whisper(ct2_dir, audio: np.ndarray, **kw):
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32", cpu_threads=2)
+    segments, info = model.transcribe(audio, beam_size=1, word_timestamps=True, **kw)
+    return list(segments), info
+
+
+def _words(result):
+    return [(w.word, w.start, w.end) for s in result.segments for w in s.words]
+
+
+def _check_words_well_formed(result, duration: float) -> None:
+    last = 0.0
+    for s in result.segments:
+        assert 0.0 <= s.start <= s.end <= duration + 1e-6
+        for w in s.words:
+            assert s.start - 1e-6 <= w.start <= w.end <= s.end + 1e-6, (s, w)
+            assert w.start >= last - 1e-6, "words go back in time"
+            assert 0.0 <= w.probability <= 1.0
+            last = w.end
+
+
+@pytest.mark.parametrize("clip", EN_CLIPS)
+def test_tiny_en_matches_faster_whisper(tiny, ct2_tiny_en_dir, clip):
+    audio = load_audio(DATA_DIR / clip)
+    fw_segments, _ = _faster_whisper(ct2_tiny_en_dir, audio, language="en")
+    result = transcribe(audio, tiny)
+    assert result.text.strip() == "".join(s.text for s in fw_segments).strip()
+    assert [s.text for s in result.segments] == [s.text for s in fw_segments]
+    ours, theirs = _words(result), [(w.word, w.start, w.end) for s in fw_segments for w in s.words]
+    assert [w[0] for w in ours] == [w[0] for w in theirs]
+    d_start = np.abs([a[1] - b[1] for a, b in zip(ours, theirs, strict=True)])
+    d_end = np.abs([a[2] - b[2] for a, b in zip(ours, theirs, strict=True)])
+    assert np.median(d_start) <= 0.02 and np.median(d_end) <= 0.02
+    assert np.percentile(d_start, 95) <= 0.1 and np.percentile(d_end, 95) <= 0.1
+    _check_words_well_formed(result, len(audio) / SAMPLE_RATE)
+
+
+@pytest.mark.parametrize("clip,language", [("test_es.wav", "es"), ("test_de.wav", "de")])
+def test_base_detects_language_and_matches(base, ct2_base_dir, clip, language):
+    audio = load_audio(DATA_DIR / clip)
+    fw_segments, info = _faster_whisper(ct2_base_dir, audio)
+    result = transcribe(audio, base)
+    assert info.language == language
+    assert result.language == info.language
+    assert result.language_probs is not None
+    assert max(result.language_probs, key=result.language_probs.get) == language
+    assert abs(result.language_probs[language] - info.language_probability) < 0.02
+    assert result.text.strip() == "".join(s.text for s in fw_segments).strip()
+
+
+def test_base_translate_gives_english(base):
+    result = transcribe(load_audio(DATA_DIR / "test_es.wav"), base, task="translate", language="es")
+    text = result.text.lower()
+    assert text.strip() and all(word not in text for word in ("arenas", "blanquecinas", "grano"))
+
+
+def test_long_form_with_gaps(tiny):
+    """Clips separated by known silences: ordered, non-overlapping segments inside the audio; no word starts
+    inside a gap; each clip's first word starts within 0.3 s of the clip's start."""
+    rng = np.random.default_rng(0)
+    pieces, starts, gaps = [], [], []
+    t = 0.0
+    for i, clip in enumerate(EN_CLIPS * 2):
+        gap = 1.0 + 0.5 * (i % 3)
+        silence = np.zeros(int(gap * SAMPLE_RATE), dtype=np.float32)
+        audio = load_audio(DATA_DIR / clip)
+        pieces += [silence, audio]
+        gaps.append((t, t + gap))
+        starts.append(t + gap)
+        t += gap + len(audio) / SAMPLE_RATE
+    audio = np.concatenate(pieces)
+    audio += rng.normal(0, 1e-4, size=audio.shape).astype(np.float32)  # not digital silence
+    duration = len(audio) / SAMPLE_RATE
+    result = transcribe(audio, tiny)
+    assert result.duration == pytest.approx(duration, abs=0.01)
+    prev_end = 0.0
+    for s in result.segments:
+        assert s.start >= prev_end - 1e-6 and s.end <= duration + 1e-6
+        prev_end = s.end
+    _check_words_well_formed(result, duration)
+    words = [w for s in result.segments for w in s.words]
+    for g0, g1 in gaps:
+        if g1 - g0 > 0.5:
+            inside = [w for w in words if g0 + 0.1 < w.start < g1 - 0.1]
+            assert not inside, f"words start inside the silence {g0:.2f}-{g1:.2f}: {inside}"
+    for start in starts:
+        first = min((w for w in words if w.start >= start - 0.3), key=lambda w: w.start)
+        assert abs(first.start - start) <= 0.3, (start, first)
+    # no repeated-phrase loops: the transcript is the clips' text, twice
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    single = " ".join(norm(transcribe(load_audio(DATA_DIR / c), tiny).text) for c in EN_CLIPS)
+    assert norm(result.text).split() == (single + " " + single).split()
+
+
+@pytest.mark.parametrize("pad", ["silence", "noise"])
+def test_words_inside_padded_audio(tiny, pad):
+    audio = load_audio(DATA_DIR / "jfk.flac")
+    rng = np.random.default_rng(1)
+    n = 3 * SAMPLE_RATE
+    filler = np.zeros(n, np.float32) if pad == "silence" else rng.normal(0, 0.01, n).astype(np.float32)
+    padded = np.concatenate([filler, audio, filler])
+    result = transcribe(padded, tiny)
+    _check_words_well_formed(result, len(padded) / SAMPLE_RATE)
+    words = [w for s in result.segments for w in s.words]
+    assert words[0].start >= 2.7 and words[-1].end <= 3.0 + len(audio) / SAMPLE_RATE + 0.3
+
+
+def test_prefill_table_keeps_transcripts(base):
+    """WhisperKit's prefill table instead of the exact prefix: the greedy transcript does not change."""
+    audio = load_audio(DATA_DIR / "test_es.wav")
+    exact = transcribe(audio, base, language="es", word_timestamps=False)
+    table = transcribe(audio, base, language="es", word_timestamps=False, prefill="table")
+    assert table.text == exact.text
+
+
+def test_decode_time_alignment_close_to_teacher_forced(tiny):
+    """Word timings from the attention gathered while decoding vs the teacher-forced pass."""
+    audio = load_audio(DATA_DIR / "jfk.flac")
+    forced = _words(transcribe(audio, tiny))
+    gathered = _words(transcribe(audio, tiny, alignment="decode"))
+    assert [w[0] for w in forced] == [w[0] for w in gathered]
+    d = np.abs([a[1] - b[1] for a, b in zip(forced, gathered, strict=True)])
+    assert np.median(d) <= 0.1
