@@ -299,7 +299,7 @@ def _sample_loop(model, state, enc, first_logits, first_align, initial, filters,
         for f in filters:
             f.apply(logits, tokens)
         logprobs = log_softmax(logits.astype(np.float64))
-        if options.temperature == 0:
+        if options.temperature < 1e-6:  # below this, sampling is greedy (and would overflow)
             next_tokens = logits.argmax(axis=-1)
         else:
             gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logits.shape)))

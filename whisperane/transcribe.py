@@ -5,6 +5,7 @@ Audio is read through a bounded stream (``audio.open_audio``), so memory does no
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -121,21 +122,32 @@ def transcribe(
             stream.close()
 
 
-def _window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int) -> EncodedWindow:
+SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
+
+
+def _window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int) -> tuple[EncodedWindow | None, float]:
+    """Encode the window at ``seek``; None for digital silence, where Whisper is known to invent " you"
+    (with a no-speech probability that the log-probability rule overrides)."""
     start = seek * HOP_LENGTH
     samples = stream.read(start, min(n_frames * HOP_LENGTH, N_SAMPLES))
-    return model.encode(model.log_mel(samples))
+    peak = float(np.abs(samples).max()) if len(samples) else 0.0
+    if peak < SILENCE_PEAK:
+        return None, peak
+    return model.encode(model.log_mel(samples)), peak
 
 
 def _clip_ranges(clip_timestamps: str | Sequence[float], content_frames: int) -> list[tuple[int, int]]:
-    if isinstance(clip_timestamps, str):
-        values = [float(x) for x in clip_timestamps.split(",") if x.strip()] if clip_timestamps else []
-    else:
-        values = [float(x) for x in clip_timestamps]
+    try:
+        if isinstance(clip_timestamps, str):
+            values = [float(x) for x in clip_timestamps.split(",") if x.strip()] if clip_timestamps else []
+        else:
+            values = [float(x) for x in clip_timestamps]
+    except (TypeError, ValueError):
+        raise WhisperaneError(f"clip_timestamps must be comma-separated seconds, not {clip_timestamps!r}") from None
     if not values:
         values = [0.0]
-    if any(v < 0 for v in values):
-        raise WhisperaneError("clip_timestamps must be non-negative seconds")
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise WhisperaneError("clip_timestamps must be finite, non-negative seconds")
     frames = [round(v * FRAMES_PER_SECOND) for v in values]
     if len(frames) % 2 == 1:
         frames.append(content_frames)
@@ -186,8 +198,11 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
     language_probs = None
     tokenizer = model.tokenizer(language=language if model.is_multilingual else None, task=options.task)
     if model.is_multilingual and language is None:
-        enc = _window(model, stream, 0, N_FRAMES)
-        language, language_probs = detect_language(model, enc, tokenizer)
+        enc, _ = _window(model, stream, 0, N_FRAMES)
+        if enc is not None:
+            language, language_probs = detect_language(model, enc, tokenizer)
+        else:  # nothing to detect from: the transcript will be empty
+            language, language_probs = "en", None
     tokenizer = model.tokenizer(language=language, task=options.task) if model.is_multilingual else tokenizer
     language = tokenizer.language
 
@@ -218,9 +233,14 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
         window_end_time = float((seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
         segment_size = min(N_FRAMES, content_frames - seek, seek_clip_end - seek)
         segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
-        enc = _window(model, stream, seek, segment_size)
+        enc, _ = _window(model, stream, seek, segment_size)
         if stream.exhausted:
             content_frames = int(stream.n_samples // HOP_LENGTH)
+        if enc is None:
+            seek += segment_size
+            if progress:
+                progress(min(seek, content_frames) / FRAMES_PER_SECOND, content_frames / FRAMES_PER_SECOND)
+            continue
 
         prompt = all_tokens[prompt_reset_since:]
         result = _decode_with_fallback(model, enc, options, prompt, language, tokenizer, language_probs, seed=window_index)

