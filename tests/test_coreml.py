@@ -46,7 +46,7 @@ def torch_modules(ct2_tiny_en_dir):
     dims = ckpt.dims
     encoder = modules.build_encoder(ckpt, sdpa="chunked")
     sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence)
-    enc_k, enc_v = random_encoder_outputs(encoder, dims.n_mels, batch=2)
+    enc_k, enc_v = random_encoder_outputs(encoder, modules.MelSpectrogram(dims.n_mels))
     key_table, value_table = compute_prefill_table(sequence, enc_k, enc_v, 50257, [], [], S)
     return {
         "dims": dims,

@@ -6,13 +6,15 @@ Greedy transcripts must be identical and word timestamps within openai-whisper's
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from whisperane.audio import SAMPLE_RATE, load_audio
 from whisperane.transcribe import transcribe
 
-from .conftest import DATA_DIR
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 EN_CLIPS = ["jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "LJ001-0002.flac"]
 pytestmark = pytest.mark.slow

@@ -28,6 +28,9 @@ from .sources import resolve_source
 from .tokenizer_build import build_tokenizer_json, token_config
 
 FORMATS = ("onnx", "coreml")
+# Bumped whenever the converter's output changes for the same source and options, so bundles made by an
+# older converter are rebuilt instead of being taken as up to date.
+CONVERTER_REVISION = 2
 
 
 def _bundle_name(source: str) -> str:
@@ -56,16 +59,23 @@ def convert(
         raise ConversionError("--palettize applies to Core ML packages: add coreml to --formats")
     resolved = resolve_source(source, progress=progress is not None)
     out = Path(out_dir) if out_dir else default_models_dir() / _bundle_name(source)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = out.parent / f".{out.name}.lock"
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ConversionError(f"{out}: cannot write the bundle there ({out.parent} is not a directory)")
+    try:  # FileLock would wait forever on a lock file it cannot create: fail here instead
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock_path.touch(exist_ok=True)
+    except OSError as err:
+        raise ConversionError(f"{out}: cannot write the bundle there ({err.strerror or err})") from None
 
     ckpt = load_checkpoint(resolved.path, resolved.format)
     dims = ckpt.dims
     s = cache_length or dims.n_text_ctx
     if not 8 <= s <= dims.n_text_ctx:
         raise ConversionError(f"--cache-length must be between 8 and {dims.n_text_ctx}, not {s}")
-    options = {"formats": sorted(formats), "cache_length": s, "palettize": palettize}
+    options = {"formats": sorted(formats), "cache_length": s, "palettize": palettize, "converter_revision": CONVERTER_REVISION}
 
-    with FileLock(str(out.parent / f".{out.name}.lock")):
+    with FileLock(str(lock_path)):
         if not force and _up_to_date(out, resolved.sha256, options):
             say(f"{out} is up to date")
             return out
@@ -123,7 +133,7 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     special = tokens["special_tokens"]
     lang_ids = list(tokens["languages"].values()) if tokens["multilingual"] else []
     task_ids = [special["transcribe"], special["translate"]] if tokens["multilingual"] else []
-    enc_k, enc_v = random_encoder_outputs(encoder, dims.n_mels)
+    enc_k, enc_v = random_encoder_outputs(encoder, mel)
     key_table, value_table = compute_prefill_table(sequence, enc_k, enc_v, special["sot"], lang_ids, task_ids, s)
     prefill = modules.TextDecoderContextPrefill(key_table, value_table, lang_ids[0] if lang_ids else 0, max(1, len(lang_ids)))
 

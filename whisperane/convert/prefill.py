@@ -2,8 +2,10 @@
 
 As WhisperKit does it, each entry is the batch mean over encoder outputs of random inputs: the self-attention
 K/V of the prefix depend on the audio only through the cross-attention of earlier layers, weakly, so one
-table serves every window. It is an approximation; exact prefill stays available in the runtime and the
-difference is measured by the tests.
+table serves every window. The random inputs are white noise at -20 to -90 dBFS through the real log-mel:
+measured on base against exact prefill (es, en, de, ja clips), uniformly random log-mels gave K 16-18 dB and
+changed the first greedy token of the de clip, noise audio gives K 26-28 dB, V 22-24 dB and the same first
+token on all four. It is an approximation; exact prefill stays available (and is the runtime's default).
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .modules import AudioEncoder, TextDecoderSequence
+from ..audio import N_SAMPLES
+from .modules import AudioEncoder, MelSpectrogram, TextDecoderSequence
 
 
-def random_encoder_outputs(encoder: AudioEncoder, n_mels: int, batch: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-attention K/V of ``batch`` random log-mel inputs in the range real log-mels take ([-1.5, 1.5])."""
-    g = torch.Generator().manual_seed(seed)
-    mel = torch.rand(batch, n_mels, 1, 3000, generator=g) * 3.0 - 1.5
+NOISE_LEVELS_DBFS = (-20, -30, -40, -50, -60, -70, -80, -90)
+
+
+def random_encoder_outputs(encoder: AudioEncoder, mel: MelSpectrogram, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-attention K/V of white noise at each of NOISE_LEVELS_DBFS, through the log-mel and the encoder."""
+    rng = np.random.default_rng(seed)
     with torch.no_grad():
-        _, k, v = encoder(mel)
+        mels = [
+            mel(torch.from_numpy((10 ** (level / 20) * rng.standard_normal(N_SAMPLES)).astype(np.float32)))
+            for level in NOISE_LEVELS_DBFS
+        ]
+        _, k, v = encoder(torch.cat(mels))
     return k, v
 
 
