@@ -16,7 +16,6 @@ import torch
 from ..audio import N_SAMPLES
 from .modules import AudioEncoder, MelSpectrogram, TextDecoderSequence
 
-
 NOISE_LEVELS_DBFS = (-20, -30, -40, -50, -60, -70, -80, -90)
 
 
