@@ -79,6 +79,9 @@ def convert(
         if not force and _up_to_date(out, resolved.sha256, options):
             say(f"{out} is up to date")
             return out
+        # Under the lock no other conversion of this bundle runs: leftovers of killed ones are garbage.
+        for stale in [*out.parent.glob(f".{out.name}.partial-*"), *out.parent.glob(f".{out.name}.old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
         tmp.chmod(0o755)
         try:
