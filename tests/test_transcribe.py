@@ -204,3 +204,29 @@ def test_decode_time_alignment_close_to_teacher_forced(tiny):
     assert [w[0] for w in forced] == [w[0] for w in gathered]
     d = np.abs([a[1] - b[1] for a, b in zip(forced, gathered, strict=True)])
     assert np.median(d) <= 0.1
+
+
+def _corpus_entries() -> list[dict]:
+    import json
+
+    manifest = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "manifest.jsonl"
+    if not manifest.is_file():
+        return []
+    return [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.skipif(not _corpus_entries(), reason="the speech corpus (../shared/corpus) is not beside this checkout")
+def test_words_well_formed_on_every_corpus_clip(tiny, base):
+    """Every corpus clip (English with tiny.en, the others with base): words monotonic, inside their segment
+    and inside the audio; the language of every non-English clip detected as the manifest says."""
+    corpus = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    wrong_language = []
+    for entry in _corpus_entries():
+        audio = load_audio(corpus / entry["audio"])
+        model = tiny if entry["language"] == "en" else base
+        result = transcribe(audio, model)
+        _check_words_well_formed(result, len(audio) / SAMPLE_RATE)
+        assert result.segments and any(s.words for s in result.segments), entry["id"]
+        if entry["language"] != "en" and result.language != entry["language"]:
+            wrong_language.append((entry["id"], result.language))
+    assert not wrong_language

@@ -5,7 +5,9 @@ Both run the same components with the same tensor names, so everything above thi
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import Protocol
@@ -31,27 +33,72 @@ def _ort():
     return onnxruntime
 
 
+def _optimized_cache_path(path: Path, ort) -> Path:
+    """Where the session's optimized graph is kept: per ONNX Runtime version and CPU (the optimized graph may
+    use layouts specific to this processor), next to the component, named after its size and mtime so a
+    rebuilt component never meets a stale cache."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    st = path.stat()
+    key = hashlib.sha256(f"{ort.__version__}|{platform.machine()}|{flags}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return path.parent / ".ort-cache" / f"{path.stem}.{key}.ort"
+
+
 class OnnxComponent:
-    """One ONNX Runtime session. Inputs are handed over as numpy arrays (no copy for contiguous CPU arrays)."""
+    """One ONNX Runtime session. Inputs are handed over as numpy arrays (no copy for contiguous CPU arrays).
+
+    Graph optimization of a large model costs more than running it once: the first load saves the optimized
+    graph in ORT format (``.ort-cache/`` beside the component) and later loads map it directly.
+    """
 
     def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None):
         ort = _ort()
+        available = ort.get_available_providers()
+        providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
+        cached = _optimized_cache_path(path, ort) if providers == ["CPUExecutionProvider"] else None
+        self.session = None
+        if cached is not None and cached.is_file():
+            opts = self._options(ort, threads)
+            opts.add_session_config_entry("session.load_model_format", "ORT")
+            try:
+                self.session = ort.InferenceSession(str(cached), opts, providers=providers)
+            except Exception:  # a damaged cache is rebuilt from the component below
+                self.session = None
+        if self.session is None:
+            opts = self._options(ort, threads)
+            tmp = None
+            if cached is not None:
+                try:
+                    cached.parent.mkdir(exist_ok=True)
+                    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+                    opts.optimized_model_filepath = str(tmp)
+                    opts.add_session_config_entry("session.save_model_format", "ORT")
+                except OSError:  # a read-only bundle: no cache
+                    tmp = None
+            try:
+                self.session = ort.InferenceSession(str(path), opts, providers=providers)
+            except Exception as e:  # onnxruntime raises its own exception types for bad files
+                raise ModelError(f"{path}: cannot load ONNX model ({str(e).splitlines()[0][:200]})") from None
+            if tmp is not None and tmp.is_file():
+                os.replace(tmp, cached)
+        self.name = path.stem
+        self.inputs = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
+        self.outputs = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
+        self._output_names = list(self.outputs)
+
+    @staticmethod
+    def _options(ort, threads: int | None):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or 0
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
-        available = ort.get_available_providers()
-        providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=providers)
-        except Exception as e:  # onnxruntime raises its own exception types for bad files
-            raise ModelError(f"{path}: cannot load ONNX model ({str(e).splitlines()[0][:200]})") from None
-        self.name = path.stem
-        self.inputs = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
-        self.outputs = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
-        self._output_names = list(self.outputs)
+        return opts
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self.session.run(self._output_names, feeds)

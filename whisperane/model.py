@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,9 +92,10 @@ class WhisperaneModel:
         if verify:
             verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"], use_stamp=True)
         threads = threads or int(os.environ.get("WHISPERANE_THREADS", "0")) or None
-        self.components: dict[str, Component] = {
-            name: open_component(bundle, rel, executor, threads, compute_units) for name, rel in rels.items()
-        }
+        # Sessions are created side by side: their set-up (mapping and prepacking weights) runs outside the GIL.
+        with ThreadPoolExecutor(max_workers=min(4, len(rels))) as pool:
+            futures = {name: pool.submit(open_component, bundle, rel, executor, threads, compute_units) for name, rel in rels.items()}
+            self.components: dict[str, Component] = {name: f.result() for name, f in futures.items()}
         self.mel_component = self.components["MelSpectrogram"]
         self.encoder = self.components["AudioEncoder"]
         self.decoder = self.components["TextDecoder"]
