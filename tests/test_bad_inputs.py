@@ -33,7 +33,7 @@ from whisperane.model import load_model
 from whisperane.transcribe import TranscriptionResult, transcribe
 
 REPO = Path(__file__).resolve().parents[1]
-CLIP = REPO.parent / "shared" / "corpus" / "audio" / "coqui-ai__TTS" / "LJ001-0002.flac"  # 1.9 s, 22.05 kHz
+CLIP = REPO / "tests" / "data" / "LJ001-0002.flac"  # 1.9 s, 22.05 kHz
 CLIP_TEXT = "in being comparatively modern."
 
 

@@ -30,8 +30,8 @@ JFK = REPO / "tests" / "data" / "jfk.flac"
 JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 CORPUS_AUDIO = REPO.parent / "shared" / "corpus" / "audio"
 # Short clips tiny.en transcribes word for word (references from the corpus manifest).
-SHORT = (CORPUS_AUDIO / "coqui-ai__TTS" / "LJ001-0002.flac", "in being comparatively modern.")  # 22.05 kHz
-SHORTER = (CORPUS_AUDIO / "KennethWang1221__Speech2Text" / "1089-134691-0000.flac", "HE COULD WAIT NO LONGER")
+SHORT = (REPO / "tests" / "data" / "LJ001-0002.flac", "in being comparatively modern.")  # 22.05 kHz
+SHORTER = (REPO / "tests" / "data" / "1089-134691-0000.flac", "HE COULD WAIT NO LONGER")
 
 
 def words(text: str) -> list[str]:
