@@ -43,11 +43,16 @@ def base(base_bundle):
     return load_model(base_bundle, threads=2)
 
 
+_FASTER_WHISPER: dict = {}
+
+
 def _faster_whisper(ct2_dir, audio: np.ndarray, **kw):
     from faster_whisper import WhisperModel
 
-    model = WhisperModel(str(ct2_dir), device="cpu", compute_type="float32", cpu_threads=2)
-    segments, info = model.transcribe(audio, beam_size=1, word_timestamps=True, **kw)
+    key = str(ct2_dir)
+    if key not in _FASTER_WHISPER:
+        _FASTER_WHISPER[key] = WhisperModel(key, device="cpu", compute_type="float32", cpu_threads=2)
+    segments, info = _FASTER_WHISPER[key].transcribe(audio, beam_size=1, word_timestamps=True, **kw)
     return list(segments), info
 
 
