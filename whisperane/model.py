@@ -106,6 +106,8 @@ class WhisperaneModel:
         self.prefill = self.components["TextDecoderContextPrefill"]
         # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
         self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
+        # WhisperKit's decoder returns only the mean over the alignment heads ([B, F] rather than [B, A, F]).
+        self.alignment_is_mean = len(self.decoder.outputs.get("alignment_heads_weights", (0, 0, 0))) == 2
         self.channels = self.dims.n_text_state * self.dims.n_text_layer
         self.cache_length = self.info.cache_length
         self.n_alignment_heads = len(self.info.alignment_heads)

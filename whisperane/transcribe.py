@@ -397,7 +397,7 @@ def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time
     if options.alignment == "decode" and result.alignment is not None:
         # Rows gathered while decoding predict every sampled token (timestamps included): keep those of text.
         rows = [i for i, t in enumerate(result.tokens) if t < tokenizer.eot] + [len(result.tokens)]
-        weights = result.alignment[:, rows]
+        weights = result.alignment[0, rows] if model.alignment_is_mean else result.alignment[:, rows]
         probs = np.exp([result.token_logprobs[i] for i in rows[:-1]])
         alignment = timing.find_alignment(weights, text_tokens, probs, num_frames, tokenizer)
     else:
@@ -407,7 +407,8 @@ def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time
             logits, weights = model.forward_tokens(state, np.asarray([seq]), enc)
         first = len(tokenizer.sot_sequence)
         probs = timing.text_token_probabilities(logits[0, first:], text_tokens, tokenizer.eot)
-        alignment = timing.find_alignment(weights[0], text_tokens, probs, num_frames, tokenizer, first_row=first)
+        heads = weights[0][0] if model.alignment_is_mean else weights[0]  # mean only: plain DTW on the mean
+        alignment = timing.find_alignment(heads, text_tokens, probs, num_frames, tokenizer, first_row=first)
     timing.add_word_timestamps(
         segments, alignment, time_offset=time_offset, last_speech_timestamp=last_speech,
         prepend_punctuations=options.prepend_punctuations, append_punctuations=options.append_punctuations,
