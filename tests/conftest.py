@@ -158,3 +158,29 @@ def teacher_forced_tokens(bundle: Path, clip: Clip) -> list[int]:
         bundle / "tokenizer.json", cfg["special_tokens"], cfg["languages"], cfg["multilingual"], clip.language
     )
     return [*tok.sot_sequence_including_notimestamps, *tok.encode(" " + clip.text.strip()), tok.eot]
+
+
+# --- the CLI in this process, with one shared tiny.en model (test_cli.py, test_bad_inputs.py) ---------------
+
+
+@pytest.fixture(scope="module")
+def model(tiny_en_bundle):
+    from whisperane.model import load_model
+
+    return load_model(tiny_en_bundle)
+
+
+@pytest.fixture
+def run(model, monkeypatch, capsys):
+    """``run(*argv)`` -> (exit code, stdout, stderr lines) of ``whisperane transcribe *argv`` in this process."""
+    import whisperane.model
+    from whisperane import cli
+
+    monkeypatch.setattr(whisperane.model, "load_model", lambda *a, **k: model)
+
+    def run(*argv):
+        code = cli.main(["transcribe", *map(str, argv)])
+        out, err = capsys.readouterr()
+        return code, out, err.splitlines()
+
+    return run

@@ -25,11 +25,8 @@ import soxr
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import whisperane.model
-from whisperane import cli
 from whisperane.audio import load_audio, open_audio
 from whisperane.errors import AudioError, WhisperaneError
-from whisperane.model import load_model
 from whisperane.transcribe import TranscriptionResult, transcribe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,22 +47,6 @@ def speech() -> np.ndarray:
     return soxr.resample(samples, sr, 16000)
 
 
-@pytest.fixture(scope="module")
-def model(tiny_en_bundle):
-    return load_model(tiny_en_bundle)
-
-
-@pytest.fixture
-def run(model, monkeypatch, capsys):
-    """``run(*argv)`` -> (exit code, stdout, stderr lines) of ``whisperane transcribe *argv`` in this process."""
-    monkeypatch.setattr(whisperane.model, "load_model", lambda *a, **k: model)
-
-    def run(*argv):
-        code = cli.main(["transcribe", *map(str, argv)])
-        out, err = capsys.readouterr()
-        return code, out, err.splitlines()
-
-    return run
 
 
 # --- bad inputs -------------------------------------------------------------------------------------------

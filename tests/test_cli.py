@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import soundfile as sf
 
@@ -23,7 +22,6 @@ import whisperane.model
 import whisperane.transcribe
 import whisperane.writers
 from whisperane import cli
-from whisperane.model import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 JFK = REPO / "tests" / "data" / "jfk.flac"
@@ -40,13 +38,9 @@ def words(text: str) -> list[str]:
 
 
 def word_error_rate(reference: str, hypothesis: str) -> float:
-    ref, hyp = words(reference), words(hypothesis)
-    d = np.arange(len(hyp) + 1)
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d.copy(), i
-        for j, h in enumerate(hyp, 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r != h))
-    return d[-1] / max(len(ref), 1)
+    import jiwer
+
+    return jiwer.wer(" ".join(words(reference)), " ".join(words(hypothesis)) or "<empty>")
 
 
 def error_lines(stderr: str | list[str]) -> list[str]:
@@ -59,22 +53,6 @@ def needs_corpus() -> None:
         pytest.skip(f"speech corpus not found at {CORPUS_AUDIO}")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_en_bundle):
-    return load_model(tiny_en_bundle)
-
-
-@pytest.fixture
-def run(model, monkeypatch, capsys):
-    """``run(*argv)`` -> (exit code, stdout, stderr lines) of ``whisperane transcribe *argv`` in this process."""
-    monkeypatch.setattr(whisperane.model, "load_model", lambda *a, **k: model)
-
-    def run(*argv):
-        code = cli.main(["transcribe", *map(str, argv)])
-        out, err = capsys.readouterr()
-        return code, out, err.splitlines()
-
-    return run
 
 
 def whisperane_cmd(*argv, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:

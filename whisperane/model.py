@@ -163,25 +163,28 @@ class WhisperaneModel:
 
     def step(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> tuple[np.ndarray, np.ndarray]:
         """Run one token per sequence at position ``state.length``; returns (logits [B, V], alignment [B, A, F])."""
-        b = tokens.shape[0]
         pos = state.length
         if pos >= state.cache_length:
             raise ModelError("decoder cache is full")
         state.update.fill(0.0)
         state.update[:, pos] = 1.0
         state.padding[:, pos] = 0.0
-        feeds = {
-            "input_ids": tokens.astype(np.int32),
-            "cache_length": np.full(b, pos, dtype=np.int32),
-            "key_cache": state.key,
-            "value_cache": state.value,
-            "kv_cache_update_mask": state.update,
-            "decoder_key_padding_mask": state.padding,
-            **self._encoder_feeds(enc),
-        }
+        feeds = self._decoder_feeds(state, tokens, enc)
+        feeds["kv_cache_update_mask"] = state.update
         out = self.decoder.run(feeds)
         state.write(out["key_cache_updates"], out["value_cache_updates"])
         return out["logits"][:, 0, :], self._alignment(out["alignment_heads_weights"])
+
+    def _decoder_feeds(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> dict[str, np.ndarray]:
+        """The inputs both decoders share: tokens written from ``state.length``, the cache and the encoder side."""
+        return {
+            "input_ids": tokens.astype(np.int32),
+            "cache_length": np.full(tokens.shape[0], state.length, dtype=np.int32),
+            "key_cache": state.key,
+            "value_cache": state.value,
+            "decoder_key_padding_mask": state.padding,
+            **self._encoder_feeds(enc),
+        }
 
     def _alignment(self, w: np.ndarray) -> np.ndarray:
         return w if w.ndim == 3 else w.reshape(w.shape[0], 1, -1)  # WhisperKit: mean-only [B, F]
@@ -195,16 +198,7 @@ class WhisperaneModel:
         if self.sequence is None:
             logits, align = zip(*(self.step(state, tokens[:, i], enc) for i in range(t)), strict=True)
             return np.stack(logits, axis=1), np.stack(align, axis=2)
-        feeds = {
-            "input_ids": tokens.astype(np.int32),
-            "cache_length": np.full(b, state.length, dtype=np.int32),
-            "key_cache": state.key,
-            "value_cache": state.value,
-            "decoder_key_padding_mask": state.padding,
-            "encoder_attn_key_cache": enc.key,
-            "encoder_attn_value_cache": enc.value,
-        }
-        out = self.sequence.run(feeds)
+        out = self.sequence.run(self._decoder_feeds(state, tokens, enc))
         state.write(out["key_cache_updates"], out["value_cache_updates"])
         return out["logits"], out["alignment_heads_weights"]
 
