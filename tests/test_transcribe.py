@@ -235,3 +235,16 @@ def test_words_well_formed_on_every_corpus_clip(tiny, base):
         if entry["language"] != "en" and result.language != entry["language"]:
             wrong_language.append((entry["id"], result.language))
     assert not wrong_language
+
+
+def test_public_api_is_the_functions():
+    """`whisperane.transcribe` is the function even after the module of the same name was imported."""
+    import importlib
+
+    import whisperane
+
+    importlib.import_module("whisperane.transcribe")
+    assert callable(whisperane.transcribe) and callable(whisperane.load_model)
+    from whisperane import transcribe as fn
+
+    assert fn.__module__ == "whisperane.transcribe"
