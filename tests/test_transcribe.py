@@ -121,9 +121,8 @@ def _speech_onset(audio: np.ndarray) -> float:
     return float(np.argmax(db > np.percentile(db, 5) + 20)) * 0.02
 
 
-def test_long_form_with_gaps(tiny):
-    """Six clips separated by known silences (two windows): ordered, non-overlapping segments inside the audio; no word starts
-    inside a gap; each clip's first word starts within 0.3 s of the clip's speech onset."""
+def _gapped_audio() -> tuple[np.ndarray, list[tuple[float, float]], list[float]]:
+    """The six clips separated by known silences (two windows): (audio, gaps, each clip's speech onset)."""
     rng = np.random.default_rng(0)
     pieces, starts, gaps = [], [], []
     t = 0.0
@@ -137,8 +136,17 @@ def test_long_form_with_gaps(tiny):
         t += gap + len(audio) / SAMPLE_RATE
     audio = np.concatenate(pieces)
     audio += rng.normal(0, 1e-4, size=audio.shape).astype(np.float32)  # not digital silence
+    return audio, gaps, starts
+
+
+@pytest.mark.parametrize("options", [{}, {"hallucination_silence_threshold": 1.0}], ids=["default", "hallucination_silence"])
+def test_long_form_with_gaps(tiny, options):
+    """Ordered, non-overlapping segments inside the audio; no word starts inside a gap; each clip's first word
+    starts within 0.3 s of the clip's speech onset; the reference words in order, without loops. Also with
+    openai-whisper's hallucination_silence_threshold, which skips silence around anomalous segments."""
+    audio, gaps, starts = _gapped_audio()
     duration = len(audio) / SAMPLE_RATE
-    result = transcribe(audio, tiny)
+    result = transcribe(audio, tiny, **options)
     assert result.duration == pytest.approx(duration, abs=0.01)
     prev_end = 0.0
     for s in result.segments:
@@ -160,6 +168,7 @@ def test_long_form_with_gaps(tiny):
     norm = EnglishTextNormalizer()
     reference = norm(" ".join(REFERENCES[c] for c in LONG_CLIPS)).split()
     hypothesis = norm(result.text).split()
+
     def trigrams(words):
         return [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
 
