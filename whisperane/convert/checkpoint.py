@@ -19,6 +19,7 @@ import numpy as np
 from ..dims import ModelDimensions
 from ..errors import ModelError
 from .ctranslate2_format import read_ctranslate2_model
+from .sources import detect_format
 
 
 @dataclass
@@ -29,23 +30,6 @@ class Checkpoint:
     format: str  # "ctranslate2" | "huggingface" | "openai"
     path: Path
     extra: dict = field(default_factory=dict)
-
-
-def detect_format(path: Path) -> str:
-    path = Path(path)
-    if path.is_file() and path.suffix == ".pt":
-        return "openai"
-    if path.is_dir():
-        if (path / "model.bin").is_file() and (path / "config.json").is_file():
-            return "ctranslate2"
-        if (path / "config.json").is_file() and (
-            (path / "model.safetensors").is_file() or (path / "pytorch_model.bin").is_file()
-        ):
-            return "huggingface"
-    raise ModelError(
-        f"{path}: not a Whisper checkpoint (expected a CTranslate2 dir with model.bin, a Hugging Face dir with "
-        "model.safetensors, or an OpenAI .pt file)"
-    )
 
 
 def load_checkpoint(path: str | Path, fmt: str | None = None) -> Checkpoint:
