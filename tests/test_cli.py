@@ -7,6 +7,7 @@ patched to hand it out); a few run the real command in a subprocess to check wha
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
 import re
@@ -19,7 +20,6 @@ import pytest
 import soundfile as sf
 
 import whisperane.model
-import whisperane.transcribe
 import whisperane.writers
 from whisperane import cli
 
@@ -279,14 +279,15 @@ def test_write_failure_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch
 
 def test_unexpected_exception_is_one_line_and_the_batch_goes_on(run, tmp_path, monkeypatch):
     needs_corpus()
-    real = whisperane.transcribe.transcribe
+    module = importlib.import_module("whisperane.transcribe")  # `whisperane.transcribe` is the function
+    real = module.transcribe
 
     def flaky(stream, *args, **kwargs):
         if stream.name.endswith("first.flac"):
             raise RuntimeError("simulated failure\nwith a second line")
         return real(stream, *args, **kwargs)
 
-    monkeypatch.setattr(whisperane.transcribe, "transcribe", flaky)
+    monkeypatch.setattr(module, "transcribe", flaky)
     shutil.copy(SHORTER[0], tmp_path / "first.flac")
     shutil.copy(SHORTER[0], tmp_path / "second.flac")
     code, _, err = run(tmp_path / "first.flac", tmp_path / "second.flac", "-o", tmp_path / "out")
