@@ -28,6 +28,12 @@ def default_models_dir() -> Path:
     return Path(cache) / "models"
 
 
+def bundle_name(source: str | os.PathLike) -> str:
+    """The directory name under the models directory for a model name, hub id or checkpoint path."""
+    name = Path(str(source).rstrip("/")).name if os.path.exists(source) else str(source)
+    return name.replace("/", "--").removesuffix(".pt")
+
+
 def hash_path(path: Path) -> str:
     """sha256 of a file, or of a directory's files (relative names and contents, in sorted order)."""
     h = hashlib.sha256()

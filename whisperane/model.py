@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import HOP_LENGTH, N_SAMPLES
-from .bundle import BundleInfo, default_models_dir, verify_bundle
+from .bundle import BundleInfo, bundle_name, default_models_dir, verify_bundle
 from .errors import ModelError
 from .executors import Component, open_component
 from .tokenizer import Tokenizer
@@ -218,7 +218,7 @@ def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True
         return p
     if p.is_dir() and (p / "MelSpectrogram.mlmodelc").exists():
         return p
-    candidate = default_models_dir() / str(name_or_path).replace("/", "--")
+    candidate = default_models_dir() / bundle_name(name_or_path)
     if (candidate / "config.json").is_file():
         return candidate
     if not convert_missing:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -463,4 +463,4 @@ def _segment(s: dict, tokenizer: Tokenizer, with_words: bool) -> Segment:
     )  # fmt: skip
 
 
-__all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Word", "transcribe", "replace"]
+__all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Word", "transcribe"]

@@ -19,7 +19,7 @@ import torch
 from filelock import FileLock
 
 from .. import __version__
-from ..bundle import CONFIG_NAME, CONTRACT_VERSION, default_models_dir, hash_path, verify_bundle
+from ..bundle import CONFIG_NAME, CONTRACT_VERSION, bundle_name, default_models_dir, hash_path, verify_bundle
 from ..errors import ConversionError, ModelError
 from . import export_onnx, modules
 from .checkpoint import load_checkpoint
@@ -31,11 +31,6 @@ FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
 CONVERTER_REVISION = 2
-
-
-def _bundle_name(source: str) -> str:
-    name = Path(str(source).rstrip("/")).name if os.path.exists(source) else str(source)
-    return name.replace("/", "--").removesuffix(".pt")
 
 
 def convert(
@@ -58,7 +53,7 @@ def convert(
     if palettize is not None and "coreml" not in formats:
         raise ConversionError("--palettize applies to Core ML packages: add coreml to --formats")
     resolved = resolve_source(source, progress=progress is not None)
-    out = Path(out_dir) if out_dir else default_models_dir() / _bundle_name(source)
+    out = Path(out_dir) if out_dir else default_models_dir() / bundle_name(source)
     lock_path = out.parent / f".{out.name}.lock"
     if out.parent.exists() and not out.parent.is_dir():
         raise ConversionError(f"{out}: cannot write the bundle there ({out.parent} is not a directory)")
