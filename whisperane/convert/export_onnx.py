@@ -9,6 +9,7 @@ import onnx
 import torch
 
 from ..dims import ModelDimensions
+from . import modules
 
 OPSET = 17
 
@@ -27,9 +28,14 @@ def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str],
             do_constant_folding=True,
             dynamo=False,
         )
-    if "token_embedding.weight" in {i.name for i in onnx.load(str(path), load_external_data=False).graph.initializer}:
+    if embedding_name(onnx.load(str(path), load_external_data=False)):
         tie_output_projection(path)
     return path
+
+
+def embedding_name(model: onnx.ModelProto) -> str | None:
+    """The token embedding initializer's name (prefixed when the decoder was exported inside a wrapper)."""
+    return next((i.name for i in model.graph.initializer if i.name.endswith("token_embedding.weight")), None)
 
 
 def tie_output_projection(path: Path) -> None:
@@ -40,7 +46,7 @@ def tie_output_projection(path: Path) -> None:
     """
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
-    emb = inits["token_embedding.weight"]
+    emb = inits[embedding_name(model)]
     v, d = emb.dims
     for node in model.graph.node:
         if node.op_type == "MatMul" and node.input[1] in inits and list(inits[node.input[1]].dims) == [d, v]:
@@ -85,18 +91,35 @@ def decoder_example(dims: ModelDimensions, cache_length: int, batch: int = 1):
 DECODER_OUTPUTS = ["logits", "key_cache_updates", "value_cache_updates", "alignment_heads_weights"]
 
 
-def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
+def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
+    """An example with one input per layer for each cache (``key_cache_{i}``, ``encoder_attn_key_cache_{i}``...),
+    in :class:`modules.PerLayerInputs`' order."""
+    def split(name: str) -> dict:
+        t = ex[name]
+        d = dims.n_text_state
+        return {f"{name}_{i}": t[:, i * d : (i + 1) * d] for i in range(dims.n_text_layer)}
+
+    masks = {n: t for n, t in ex.items() if n.endswith("_mask")}
+    return {"input_ids": ex["input_ids"], "cache_length": ex["cache_length"], **split("key_cache"), **split("value_cache"),
+            **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache")}  # fmt: skip
+
+
+def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path, per_layer: bool = False) -> Path:
     ex = decoder_example(dims, cache_length)
+    if per_layer:
+        ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
     dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
     dyn.update({n: {0: "batch"} for n in DECODER_OUTPUTS})
     return _export(module, tuple(ex.values()), path, list(ex), DECODER_OUTPUTS, dyn)
 
 
-def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
+def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, path: Path, per_layer: bool = False) -> Path:
     ex = decoder_example(dims, cache_length)
     del ex["kv_cache_update_mask"]
     ex["input_ids"] = torch.zeros(1, 3, dtype=torch.int32)
+    if per_layer:
+        ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
     dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
     dyn["input_ids"] = {0: "batch", 1: "tokens"}
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})

@@ -1,8 +1,15 @@
-"""Torch modules of the four components in the ANE style (BC1S layout, 1x1 Conv2d projections).
+"""Torch modules of the four components, with the contract's BC1S inputs and outputs.
 
-Tensors are (batch, channels, 1, sequence). LayerNorm normalizes the channel axis, projections are 1x1
-convolutions, the key projections carry no bias, the output projection reuses the token embedding, and the
-conv stem runs as Conv2d on [B, M, 1, T]. Attention is computed by an interchangeable implementation
+Two internal layouts compute the same function:
+
+- ``"ane"`` (Core ML): tensors are (batch, channels, 1, sequence) throughout; LayerNorm normalizes the channel
+  axis and projections are 1x1 convolutions, the form the Neural Engine runs best.
+- ``"btc"`` (ONNX): the residual stream is (batch, sequence, channels) and projections are plain ``MatMul``s
+  with a constant right operand, the form ONNX Runtime's fused kernels and weight quantization
+  (``MatMulNBits``) take. Only the component boundaries (caches, encoder outputs) are BC1S.
+
+In both, the key projections carry no bias, the output projection reuses the token embedding, and the conv
+stem runs as Conv2d on [B, M, 1, T]. Attention is computed by an interchangeable implementation
 (:data:`SDPA_IMPLEMENTATIONS`) chosen per component with one argument.
 """
 
@@ -84,12 +91,22 @@ class LayerNormANE(nn.Module):
         return xc * torch.rsqrt(var + self.eps) * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
 
 
-def conv1x1(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:
-    return nn.Conv2d(n_in, n_out, kernel_size=1, bias=bias)
+LAYOUTS = ("ane", "btc")
+
+
+def projection(n_in: int, n_out: int, layout: str, bias: bool = True) -> nn.Module:
+    """A dense projection of the channel axis: a 1x1 Conv2d on BC1S, a Linear on BTC."""
+    if layout == "ane":
+        return nn.Conv2d(n_in, n_out, kernel_size=1, bias=bias)
+    return nn.Linear(n_in, n_out, bias=bias)
+
+
+def layer_norm(n: int, layout: str) -> nn.Module:
+    return LayerNormANE(n) if layout == "ane" else nn.LayerNorm(n)
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
-    """[B, d, 1, T] -> [B, H, Dh, T]."""
+    """BC1S [B, d, 1, T] -> [B, H, Dh, T] (caches and ane-layout activations)."""
     b, d, _, t = x.shape
     return x.reshape(b, n_head, -1, t)
 
@@ -99,32 +116,56 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.reshape(b, h * dh, 1, t)
 
 
+def to_bc1s(x: Tensor, layout: str) -> Tensor:
+    """An activation in ``layout`` -> BC1S [B, d, 1, T] (the contract's form at component boundaries)."""
+    return x if layout == "ane" else x.transpose(1, 2).unsqueeze(2)
+
+
+def from_bc1s(x: Tensor, layout: str) -> Tensor:
+    return x if layout == "ane" else x.squeeze(2).transpose(1, 2)
+
+
+def heads(x: Tensor, n_head: int, layout: str) -> Tensor:
+    """An activation in ``layout`` -> [B, H, Dh, T], the form every SDPA implementation takes."""
+    if layout == "ane":
+        return split_heads(x, n_head)
+    b, t, d = x.shape
+    return x.reshape(b, t, n_head, d // n_head).permute(0, 2, 3, 1)
+
+
+def unheads(o: Tensor, layout: str) -> Tensor:
+    if layout == "ane":
+        return merge_heads(o)
+    b, h, dh, t = o.shape
+    return o.permute(0, 3, 1, 2).reshape(b, t, h * dh)
+
+
 class MLP(nn.Module):
-    def __init__(self, d: int):
+    def __init__(self, d: int, layout: str):
         super().__init__()
-        self.fc1 = conv1x1(d, 4 * d)
-        self.fc2 = conv1x1(4 * d, d)
+        self.fc1 = projection(d, 4 * d, layout)
+        self.fc2 = projection(4 * d, d, layout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
 
 
 class SelfAttentionProj(nn.Module):
-    def __init__(self, d: int):
+    def __init__(self, d: int, layout: str):
         super().__init__()
-        self.query = conv1x1(d, d)
-        self.key = conv1x1(d, d, bias=False)
-        self.value = conv1x1(d, d)
-        self.out = conv1x1(d, d)
+        self.query = projection(d, d, layout)
+        self.key = projection(d, d, layout, bias=False)
+        self.value = projection(d, d, layout)
+        self.out = projection(d, d, layout)
 
 
 class CrossAttentionProj(nn.Module):
     """Decoder side of cross attention: the key/value projections live in the encoder (see AudioEncoder)."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, layout: str):
         super().__init__()
-        self.query = conv1x1(d, d)
-        self.out = conv1x1(d, d)
+        self.query = projection(d, d, layout)
+        self.out = projection(d, d, layout)
 
 
 # --- MelSpectrogram -------------------------------------------------------------------------------------
@@ -161,114 +202,129 @@ class MelSpectrogram(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    def __init__(self, d: int, n_head: int, sdpa):
+    def __init__(self, d: int, n_head: int, sdpa, layout: str):
         super().__init__()
-        self.attn = SelfAttentionProj(d)
-        self.attn_ln = LayerNormANE(d)
-        self.mlp = MLP(d)
-        self.mlp_ln = LayerNormANE(d)
+        self.attn = SelfAttentionProj(d, layout)
+        self.attn_ln = layer_norm(d, layout)
+        self.mlp = MLP(d, layout)
+        self.mlp_ln = layer_norm(d, layout)
         self.n_head = n_head
         self.sdpa = sdpa
+        self.layout = layout
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.attn_ln(x)
-        q, k, v = (split_heads(p(h), self.n_head) for p in (self.attn.query, self.attn.key, self.attn.value))
+        q, k, v = (heads(p(h), self.n_head, self.layout) for p in (self.attn.query, self.attn.key, self.attn.value))
         o, _ = self.sdpa(q, k, v, None)
-        x = x + self.attn.out(merge_heads(o))
+        x = x + self.attn.out(unheads(o, self.layout))
         return x + self.mlp(self.mlp_ln(x))
 
 
 class AudioEncoder(nn.Module):
     """mel [B, M, 1, 3000] -> (encoder_output_embeds [B, d, 1, F], cross K cache, cross V cache [B, d*L, 1, F])."""
 
-    def __init__(self, dims: ModelDimensions, sdpa: str = "chunked"):
+    def __init__(self, dims: ModelDimensions, sdpa: str = "chunked", layout: str = "ane"):
         super().__init__()
         d = dims.n_audio_state
+        self.layout = layout
         self.conv1 = nn.Conv2d(dims.n_mels, d, kernel_size=(1, 3), padding=(0, 1))
         self.conv2 = nn.Conv2d(d, d, kernel_size=(1, 3), stride=(1, 2), padding=(0, 1))
         self.register_buffer("positional_embedding", torch.zeros(d, dims.n_audio_ctx))
         fn = SDPA_IMPLEMENTATIONS[sdpa]
-        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head, fn) for _ in range(dims.n_audio_layer))
-        self.ln_post = LayerNormANE(d)
+        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head, fn, layout) for _ in range(dims.n_audio_layer))
+        self.ln_post = layer_norm(d, layout)
         # The decoder's cross-attention key/value projections, computed once per window here.
-        self.cross_key = nn.ModuleList(conv1x1(d, dims.n_text_state, bias=False) for _ in range(dims.n_text_layer))
-        self.cross_value = nn.ModuleList(conv1x1(d, dims.n_text_state) for _ in range(dims.n_text_layer))
+        self.cross_key = nn.ModuleList(projection(d, dims.n_text_state, layout, bias=False) for _ in range(dims.n_text_layer))
+        self.cross_value = nn.ModuleList(projection(d, dims.n_text_state, layout) for _ in range(dims.n_text_layer))
 
     def forward(self, mel: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x))
-        x = x + self.positional_embedding.unsqueeze(0).unsqueeze(2)
+        x = from_bc1s(x + self.positional_embedding.unsqueeze(0).unsqueeze(2), self.layout)
         for block in self.blocks:
             x = block(x)
         x = self.ln_post(x)
-        k = torch.cat([p(x) for p in self.cross_key], dim=1)
-        v = torch.cat([p(x) for p in self.cross_value], dim=1)
-        return x, k, v
+        channels = 1 if self.layout == "ane" else 2  # concatenated layer-major on the channel axis
+        k = torch.cat([p(x) for p in self.cross_key], dim=channels)
+        v = torch.cat([p(x) for p in self.cross_value], dim=channels)
+        return to_bc1s(x, self.layout), to_bc1s(k, self.layout), to_bc1s(v, self.layout)
 
 
 # --- TextDecoder ----------------------------------------------------------------------------------------
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, d: int, n_head: int):
+    def __init__(self, d: int, n_head: int, layout: str):
         super().__init__()
-        self.attn = SelfAttentionProj(d)
-        self.attn_ln = LayerNormANE(d)
-        self.cross_attn = CrossAttentionProj(d)
-        self.cross_attn_ln = LayerNormANE(d)
-        self.mlp = MLP(d)
-        self.mlp_ln = LayerNormANE(d)
+        self.attn = SelfAttentionProj(d, layout)
+        self.attn_ln = layer_norm(d, layout)
+        self.cross_attn = CrossAttentionProj(d, layout)
+        self.cross_attn_ln = layer_norm(d, layout)
+        self.mlp = MLP(d, layout)
+        self.mlp_ln = layer_norm(d, layout)
         self.n_head = n_head
 
 
 class TextDecoderBase(nn.Module):
-    def __init__(self, dims: ModelDimensions, alignment_heads: list[tuple[int, int]], sdpa: str = "einsum"):
+    def __init__(self, dims: ModelDimensions, alignment_heads: list[tuple[int, int]], sdpa: str = "einsum",
+                 layout: str = "ane"):  # fmt: skip
         super().__init__()
         d = dims.n_text_state
         self.dims = dims
+        self.layout = layout
         self.token_embedding = nn.Embedding(dims.n_vocab, d)
         self.positional_embedding = nn.Parameter(torch.zeros(dims.n_text_ctx, d))
-        self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
-        self.ln = LayerNormANE(d)
+        self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head, layout) for _ in range(dims.n_text_layer))
+        self.ln = layer_norm(d, layout)
         self.alignment_heads = [tuple(h) for h in alignment_heads]
         self.sdpa = SDPA_IMPLEMENTATIONS[sdpa]
 
-    def layer_slice(self, cache: Tensor, layer: int) -> Tensor:
+    def layer_slice(self, cache: Tensor | list[Tensor], layer: int) -> Tensor:
+        """Layer ``layer`` of a cache: a slice of the concatenated [B, d*L, 1, T], or one of per-layer inputs."""
+        if isinstance(cache, (list, tuple)):
+            return cache[layer]
         d = self.dims.n_text_state
         return cache[:, layer * d : (layer + 1) * d]
 
     def run_blocks(
         self, x: Tensor, self_kv, self_mask: Tensor, enc_k: Tensor, enc_v: Tensor
     ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Tensor]]:
-        """x [B, d, 1, T]. ``self_kv(layer, k, v)`` returns the full keys/values this layer attends over."""
+        """x [B, T, d] in this layout. ``self_kv(layer, k, v)`` takes this token's K/V in BC1S and returns the
+        full BC1S keys/values this layer attends over; the new K/V are returned in BC1S for the cache."""
+        lay = self.layout
         new_k, new_v, align = [], [], []
         for i, block in enumerate(self.blocks):
             h = block.attn_ln(x)
-            q, k, v = block.attn.query(h), block.attn.key(h), block.attn.value(h)
+            q = block.attn.query(h)
+            k, v = to_bc1s(block.attn.key(h), lay), to_bc1s(block.attn.value(h), lay)
             new_k.append(k)
             new_v.append(v)
             k_all, v_all = self_kv(i, k, v)
-            o, _ = self.sdpa(split_heads(q, block.n_head), split_heads(k_all, block.n_head), split_heads(v_all, block.n_head), self_mask)
-            x = x + block.attn.out(merge_heads(o))
+            o, _ = self.sdpa(heads(q, block.n_head, lay), split_heads(k_all, block.n_head), split_heads(v_all, block.n_head), self_mask)
+            x = x + block.attn.out(unheads(o, lay))
             h = block.cross_attn_ln(x)
-            q = split_heads(block.cross_attn.query(h), block.n_head)
+            q = heads(block.cross_attn.query(h), block.n_head, lay)
             ek = split_heads(self.layer_slice(enc_k, i), block.n_head)
             ev = split_heads(self.layer_slice(enc_v, i), block.n_head)
             o, w = self.sdpa(q, ek, ev, None)  # w [B, H, T, F]
             align += [w[:, head] for layer, head in self.alignment_heads if layer == i]
-            x = x + block.cross_attn.out(merge_heads(o))
+            x = x + block.cross_attn.out(unheads(o, lay))
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x), new_k, new_v, align
 
+    def embed(self, x: Tensor) -> Tensor:
+        """Token + position embeddings [B, T, d] -> this layout."""
+        return to_bc1s(x, "btc") if self.layout == "ane" else x
+
     def logits(self, x: Tensor) -> Tensor:
-        """x [B, d, 1, T] -> [B, T, V] with the tied embedding.
+        """x in this layout -> [B, T, V] with the tied embedding.
 
         A 2-D ``linear`` exports as Gemm(transB=1) on the embedding initializer itself: a 3-D matmul against
         ``weight.t()`` would be constant-folded into a second, transposed copy of the largest tensor.
         """
-        b, d, _, t = x.shape
-        flat = x.reshape(b, d, t).transpose(1, 2).reshape(b * t, d)
-        return F.linear(flat, self.token_embedding.weight).reshape(b, t, -1)
+        x = from_bc1s(x, "btc") if self.layout == "ane" else x  # [B, T, d]
+        b, t, d = x.shape
+        return F.linear(x.reshape(b * t, d), self.token_embedding.weight).reshape(b, t, -1)
 
 
 class TextDecoder(TextDecoderBase):
@@ -282,11 +338,11 @@ class TextDecoder(TextDecoderBase):
         value_cache: Tensor,
         kv_cache_update_mask: Tensor,  # [B, S]
         decoder_key_padding_mask: Tensor,  # [B, S]
-        encoder_attn_key_cache: Tensor,  # [1 or B, d*L, 1, F]
-        encoder_attn_value_cache: Tensor,
+        encoder_attn_key_cache: Tensor | list[Tensor],  # [1 or B, d*L, 1, F], or L tensors [1 or B, d, 1, F]
+        encoder_attn_value_cache: Tensor | list[Tensor],
     ):
         x = self.token_embedding(input_ids.long()) + self.positional_embedding[cache_length.long()]
-        x = x.unsqueeze(2).unsqueeze(3)  # [B, d, 1, 1]
+        x = self.embed(x.unsqueeze(1))
         upd = kv_cache_update_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
         keep = 1.0 - upd
 
@@ -314,14 +370,13 @@ class TextDecoderSequence(TextDecoderBase):
         key_cache: Tensor,
         value_cache: Tensor,
         decoder_key_padding_mask: Tensor,  # [B, S]
-        encoder_attn_key_cache: Tensor,
-        encoder_attn_value_cache: Tensor,
+        encoder_attn_key_cache: Tensor | list[Tensor],
+        encoder_attn_value_cache: Tensor | list[Tensor],
     ):
         t = input_ids.shape[1]
         steps = torch.arange(t, device=input_ids.device).unsqueeze(0)
         pos = cache_length.long().unsqueeze(1) + steps  # [B, T]
-        x = self.token_embedding(input_ids.long()) + self.positional_embedding[pos]  # [B, T, d]
-        x = x.transpose(1, 2).unsqueeze(2)  # [B, d, 1, T]
+        x = self.embed(self.token_embedding(input_ids.long()) + self.positional_embedding[pos])
         causal = torch.triu(torch.full((t, t), MASK_VALUE, dtype=x.dtype), diagonal=1)  # [T, T]
         pad = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2).expand(-1, 1, t, -1)  # [B, 1, T, S]
         mask = torch.cat([pad, causal.unsqueeze(0).unsqueeze(0).expand(pad.shape[0], 1, t, t)], dim=3)
@@ -332,6 +387,28 @@ class TextDecoderSequence(TextDecoderBase):
         x, new_k, new_v, align = self.run_blocks(x, self_kv, mask, encoder_attn_key_cache, encoder_attn_value_cache)
         weights = torch.stack(align, dim=1)  # [B, A, T, F]
         return self.logits(x), torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
+
+
+class PerLayerInputs(nn.Module):
+    """A decoder whose caches come as one input per layer (for ONNX Runtime).
+
+    ONNX has no views: slicing the concatenated [B, d*L, 1, F] cross caches and [B, d*L, 1, S] self caches
+    copies all of them on every step (24 MB a token for tiny.en). Per-layer inputs are views of the host's
+    arrays, passed without a copy. Inputs: ``input_ids``, ``cache_length``, L key caches, L value caches, the
+    decoder's masks, L cross keys, L cross values; outputs unchanged (the updates stay concatenated).
+    """
+
+    def __init__(self, decoder: TextDecoderBase):
+        super().__init__()
+        self.decoder = decoder
+        self.n_layer = decoder.dims.n_text_layer
+
+    def forward(self, *inputs: Tensor):
+        n = self.n_layer
+        ids, length = inputs[:2]
+        keys, values = list(inputs[2 : 2 + n]), list(inputs[2 + n : 2 + 2 * n])
+        masks, cross = inputs[2 + 2 * n : -2 * n], inputs[-2 * n :]
+        return self.decoder(ids, length, keys, values, *masks, list(cross[:n]), list(cross[n:]))
 
 
 # --- TextDecoderContextPrefill --------------------------------------------------------------------------
@@ -368,27 +445,33 @@ def _conv_weight(w: np.ndarray) -> Tensor:
     return t.reshape(t.shape[0], t.shape[1], 1, -1)
 
 
+def _set_weight(module: nn.Module, w: np.ndarray) -> None:
+    """A checkpoint's Linear weight [out, in] into a projection of either layout."""
+    t = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    module.weight.data = t.reshape(module.weight.shape)
+
+
 def _load_attn(proj: nn.Module, sd: dict, prefix: str, names=("query", "key", "value", "out")) -> None:
     for n in names:
-        getattr(proj, n).weight.data = _conv_weight(sd[f"{prefix}.{n}.weight"])
+        _set_weight(getattr(proj, n), sd[f"{prefix}.{n}.weight"])
         if getattr(proj, n).bias is not None:
             getattr(proj, n).bias.data = torch.from_numpy(sd[f"{prefix}.{n}.bias"].astype(np.float32))
 
 
-def _load_ln(ln: LayerNormANE, sd: dict, prefix: str) -> None:
+def _load_ln(ln: nn.Module, sd: dict, prefix: str) -> None:
     ln.weight.data = torch.from_numpy(sd[f"{prefix}.weight"].astype(np.float32))
     ln.bias.data = torch.from_numpy(sd[f"{prefix}.bias"].astype(np.float32))
 
 
 def _load_mlp(mlp: MLP, sd: dict, prefix: str) -> None:
     for mine, theirs in (("fc1", "0"), ("fc2", "2")):
-        getattr(mlp, mine).weight.data = _conv_weight(sd[f"{prefix}.{theirs}.weight"])
+        _set_weight(getattr(mlp, mine), sd[f"{prefix}.{theirs}.weight"])
         getattr(mlp, mine).bias.data = torch.from_numpy(sd[f"{prefix}.{theirs}.bias"].astype(np.float32))
 
 
-def build_encoder(ckpt, sdpa: str = "chunked") -> AudioEncoder:
+def build_encoder(ckpt, sdpa: str = "chunked", layout: str = "ane") -> AudioEncoder:
     sd, dims = ckpt.state_dict, ckpt.dims
-    enc = AudioEncoder(dims, sdpa)
+    enc = AudioEncoder(dims, sdpa, layout)
     for conv in ("conv1", "conv2"):
         getattr(enc, conv).weight.data = _conv_weight(sd[f"encoder.{conv}.weight"])
         getattr(enc, conv).bias.data = torch.from_numpy(sd[f"encoder.{conv}.bias"].astype(np.float32))
@@ -400,15 +483,15 @@ def build_encoder(ckpt, sdpa: str = "chunked") -> AudioEncoder:
         _load_ln(b.mlp_ln, sd, f"encoder.blocks.{i}.mlp_ln")
     _load_ln(enc.ln_post, sd, "encoder.ln_post")
     for i in range(dims.n_text_layer):
-        enc.cross_key[i].weight.data = _conv_weight(sd[f"decoder.blocks.{i}.cross_attn.key.weight"])
-        enc.cross_value[i].weight.data = _conv_weight(sd[f"decoder.blocks.{i}.cross_attn.value.weight"])
+        _set_weight(enc.cross_key[i], sd[f"decoder.blocks.{i}.cross_attn.key.weight"])
+        _set_weight(enc.cross_value[i], sd[f"decoder.blocks.{i}.cross_attn.value.weight"])
         enc.cross_value[i].bias.data = torch.from_numpy(sd[f"decoder.blocks.{i}.cross_attn.value.bias"].astype(np.float32))
     return enc.eval()
 
 
-def build_decoder(ckpt, cls=TextDecoder, sdpa: str = "einsum") -> TextDecoderBase:
+def build_decoder(ckpt, cls=TextDecoder, sdpa: str = "einsum", layout: str = "ane") -> TextDecoderBase:
     sd, dims = ckpt.state_dict, ckpt.dims
-    dec = cls(dims, ckpt.alignment_heads, sdpa)
+    dec = cls(dims, ckpt.alignment_heads, sdpa, layout)
     dec.token_embedding.weight.data = torch.from_numpy(sd["decoder.token_embedding.weight"].astype(np.float32))
     dec.positional_embedding.data = torch.from_numpy(sd["decoder.positional_embedding"].astype(np.float32))
     for i, b in enumerate(dec.blocks):

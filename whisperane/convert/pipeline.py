@@ -21,7 +21,7 @@ from filelock import FileLock
 from .. import __version__
 from ..bundle import CONFIG_NAME, CONTRACT_VERSION, bundle_name, default_models_dir, hash_path, verify_bundle
 from ..errors import ConversionError, ModelError
-from . import export_onnx, modules
+from . import export_onnx, modules, quantize
 from .checkpoint import load_checkpoint
 from .prefill import compute_prefill_table, random_encoder_outputs
 from .sources import resolve_source
@@ -30,7 +30,14 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 2
+CONVERTER_REVISION = 4
+# Components that also get an ONNX Runtime variant with int8 weights (MatMulNBits) and one cross-attention K/V
+# input per layer (no per-step copy of the concatenated caches): the decoders, whose per-token cost is reading
+# weights and caches. The encoder is compute-bound on 1500 frames, where ONNX Runtime's int8 kernels are no
+# faster than its fp32 GEMM on AVX2, so it stays float32.
+INT8_COMPONENTS = ("TextDecoder", "TextDecoderSequence")
+INT8_PRECISION = ("TextDecoder, TextDecoderSequence: int8 weights (MatMulNBits, blocks of 32), cross-attention "
+                  "K/V one input per layer; the other components float32")
 
 
 def convert(
@@ -123,9 +130,11 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     torch.set_grad_enabled(False)
     say("building torch modules")
     mel = modules.MelSpectrogram(dims.n_mels).eval()
-    encoder = modules.build_encoder(ckpt, sdpa="chunked")
-    decoder = modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum")
-    sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum")
+    # ONNX gets the BTC layout (MatMuls ONNX Runtime fuses and quantizes), Core ML the ANE layout.
+    layout = "btc" if "onnx" in formats else "ane"
+    encoder = modules.build_encoder(ckpt, sdpa="chunked", layout=layout)
+    decoder = modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum", layout=layout)
+    sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum", layout=layout)
 
     say("computing the prefill table")
     special = tokens["special_tokens"]
@@ -138,18 +147,28 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     components: dict[str, dict[str, str]] = {}
     if "onnx" in formats:
         for name, export in (
-            ("MelSpectrogram", lambda p: export_onnx.export_mel(mel, p)),
-            ("AudioEncoder", lambda p: export_onnx.export_encoder(encoder, dims, p)),
-            ("TextDecoder", lambda p: export_onnx.export_decoder(decoder, dims, s, p)),
-            ("TextDecoderSequence", lambda p: export_onnx.export_decoder_sequence(sequence, dims, s, p)),
-            ("TextDecoderContextPrefill", lambda p: export_onnx.export_prefill(prefill, p)),
+            ("MelSpectrogram", lambda p, **kw: export_onnx.export_mel(mel, p)),
+            ("AudioEncoder", lambda p, **kw: export_onnx.export_encoder(encoder, dims, p)),
+            ("TextDecoder", lambda p, **kw: export_onnx.export_decoder(decoder, dims, s, p, **kw)),
+            ("TextDecoderSequence", lambda p, **kw: export_onnx.export_decoder_sequence(sequence, dims, s, p, **kw)),
+            ("TextDecoderContextPrefill", lambda p, **kw: export_onnx.export_prefill(prefill, p)),
         ):
             say(f"exporting {name}.onnx")
             export(tmp / f"{name}.onnx")
             components.setdefault(name, {})["onnx"] = f"{name}.onnx"
+            if name in INT8_COMPONENTS:
+                say(f"exporting {name}.int8.onnx")
+                staged = tmp / f".{name}.per-layer.onnx"
+                export(staged, per_layer=True)
+                quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx")
+                staged.unlink()
+                components[name]["onnx-int8"] = f"{name}.int8.onnx"
     if "coreml" in formats:
         from . import export_coreml
 
+        if layout != "ane":
+            encoder = modules.build_encoder(ckpt, sdpa="chunked", layout="ane")
+            decoder = modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum", layout="ane")
         for name, rel in export_coreml.export_all(
             tmp, dims, s, mel=mel, encoder=encoder, decoder=decoder, prefill=prefill, palettize=palettize, say=say
         ).items():
@@ -167,7 +186,7 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
         **tokens,
         "alignment_heads": [list(h) for h in ckpt.alignment_heads],
         "components": components,
-        "precision": {"onnx": "float32", "coreml": "float16 (mel float32)" + (f", palettized {palettize}-bit" if palettize else "")},
+        "precision": {"onnx": "float32", "onnx-int8": INT8_PRECISION, "coreml": "float16 (mel float32)" + (f", palettized {palettize}-bit" if palettize else "")},
         "conversion_options": options,
         "source": {"origin": resolved.origin, "format": resolved.format, "path": str(resolved.path), "sha256": resolved.sha256},
         "files": {f: hash_path(tmp / f) for f in files},

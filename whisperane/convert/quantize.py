@@ -1,0 +1,115 @@
+"""Weight-only int8 quantization of exported ONNX components (ONNX Runtime's ``MatMulNBits``).
+
+Every ``MatMul`` whose right operand is a constant [K, N] becomes ``MatMulNBits`` with 8-bit weights in blocks
+of ``block_size`` along K (one fp32 scale per block, symmetric: zero point 128) and ``accuracy_level=4``, which
+lets ONNX Runtime quantize the activations per block as well and run integer dot products. The tied token
+embedding is quantized once and serves both of its uses: the logits ``Gemm(x, E, transB=1)`` becomes
+``MatMulNBits`` over E's rows (the [N, K] layout MatMulNBits stores anyway) and the embedding ``Gather`` reads
+the same bytes and scales and dequantizes the rows it picks, so the largest tensor is held once, in int8.
+
+Only the BTC-layout graphs have such MatMuls: the ANE layout's 1x1 convolutions are left as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .export_onnx import embedding_name
+
+BITS = 8
+ZERO_POINT = 1 << (BITS - 1)  # MatMulNBits' default zero point when none is given
+
+
+def quantize_rows(w: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """[N, K] float -> (uint8 [N, K / block_size, block_size], fp32 scales [N, K / block_size])."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // block_size, block_size).astype(np.float32)
+    scales = np.abs(blocks).max(axis=2) / (ZERO_POINT - 1)
+    scales = np.where(scales == 0, 1.0, scales).astype(np.float32)
+    q = np.clip(np.rint(blocks / scales[..., None]), -(ZERO_POINT - 1), ZERO_POINT - 1) + ZERO_POINT
+    return q.astype(np.uint8), scales
+
+
+def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`quantize_rows`: [N, K] float32."""
+    return ((q.astype(np.float32) - ZERO_POINT) * scales[..., None]).reshape(q.shape[0], -1)
+
+
+def _matmul_nbits(a: str, weight: str, output: str, name: str, n: int, k: int, block_size: int) -> onnx.NodeProto:
+    return helper.make_node(
+        "MatMulNBits", [a, f"{weight}_q8", f"{weight}_scales"], [output], name=name, domain="com.microsoft",
+        K=k, N=n, bits=BITS, block_size=block_size, accuracy_level=4,
+    )  # fmt: skip
+
+
+def _gather_dequantized(emb: str, indices: str, output: str, k: int) -> list[onnx.NodeProto]:
+    """Gather rows of the quantized embedding and dequantize them: output [*indices.shape, k]."""
+    o = output
+    return [
+        helper.make_node("Gather", [f"{emb}_q8", indices], [f"{o}/q"], axis=0),
+        helper.make_node("Gather", [f"{emb}_scales", indices], [f"{o}/scales"], axis=0),
+        helper.make_node("Cast", [f"{o}/q"], [f"{o}/qf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", [f"{o}/qf", "q8/zero_point"], [f"{o}/centered"]),
+        helper.make_node("Unsqueeze", [f"{o}/scales", "q8/last_axis"], [f"{o}/scales1"]),
+        helper.make_node("Mul", [f"{o}/centered", f"{o}/scales1"], [f"{o}/blocks"]),
+        helper.make_node("Shape", [indices], [f"{o}/index_shape"]),
+        helper.make_node("Concat", [f"{o}/index_shape", "q8/embed_dim"], [f"{o}/shape"], axis=0),
+        helper.make_node("Reshape", [f"{o}/blocks", f"{o}/shape"], [o]),
+    ]
+
+
+def quantize_int8(src: Path, dst: Path, block_size: int = 32) -> int:
+    """Write ``src`` with int8 weights to ``dst``; returns the number of weight matrices quantized."""
+    model = onnx.load(str(src))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    emb = embedding_name(model)
+    added: dict[str, onnx.TensorProto] = {}
+    replaced: set[str] = set()
+    nodes: list[onnx.NodeProto] = []
+
+    def add_quantized(name: str, rows: np.ndarray) -> None:
+        if name not in added:
+            q, s = quantize_rows(rows, block_size)
+            added[name] = numpy_helper.from_array(q, f"{name}_q8")
+            added[f"{name}/s"] = numpy_helper.from_array(s, f"{name}_scales")
+        replaced.add(name)
+
+    for node in graph.node:
+        b = node.input[1] if len(node.input) > 1 else ""
+        if node.op_type == "MatMul" and b in inits and len(inits[b].dims) == 2 and inits[b].dims[0] % block_size == 0:
+            k, n = inits[b].dims
+            add_quantized(b, numpy_helper.to_array(inits[b]).T)
+            nodes.append(_matmul_nbits(node.input[0], b, node.output[0], node.name + "/q8", n, k, block_size))
+        elif emb and node.op_type == "Gemm" and b == emb and len(node.input) == 2:
+            n, k = inits[emb].dims
+            add_quantized(emb, numpy_helper.to_array(inits[emb]))
+            nodes.append(_matmul_nbits(node.input[0], emb, node.output[0], node.name + "/q8", n, k, block_size))
+        elif emb and node.op_type == "Gather" and node.input[0] == emb:
+            n, k = inits[emb].dims
+            add_quantized(emb, numpy_helper.to_array(inits[emb]))
+            nodes += _gather_dequantized(emb, node.input[1], node.output[0], k)
+            added["q8/consts"] = [
+                numpy_helper.from_array(np.array(float(ZERO_POINT), np.float32), "q8/zero_point"),
+                numpy_helper.from_array(np.array([-1], np.int64), "q8/last_axis"),
+                numpy_helper.from_array(np.array([k], np.int64), "q8/embed_dim"),
+            ]
+        else:
+            nodes.append(node)
+    if not replaced:
+        return 0
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still_used = {i for node in graph.node for i in node.input}
+    for name in replaced - still_used:
+        graph.initializer.remove(inits[name])
+    for t in added.values():
+        graph.initializer.extend(t if isinstance(t, list) else [t])
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(dst))
+    return len(replaced)
