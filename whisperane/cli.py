@@ -52,6 +52,8 @@ def add_transcribe_parser(sub) -> None:
     p.add_argument("--model", default="tiny.en", help="model name (converted on first use) or bundle directory")
     p.add_argument("--executor", default="onnx", choices=["onnx", "coreml"])
     p.add_argument("--compute-units", default="ALL", help="Core ML compute units: ALL, CPU_ONLY, CPU_AND_GPU, CPU_AND_NE")
+    p.add_argument("--compute-type", default="default", choices=["default", "int8", "float32"],
+                   help="decoder weights: int8 or float32 (default: int8 on the CPU when the bundle has it)")  # fmt: skip
     p.add_argument("--language", default=None, help="language code (e.g. en, de); detected when omitted")
     p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
     p.add_argument("--output-format", "-f", default="json", choices=OUTPUT_FORMATS)
@@ -180,7 +182,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
                 if model is None:
                     try:
                         model = load_model(args.model, executor=args.executor, threads=args.threads or None,
-                                           compute_units=args.compute_units)  # fmt: skip
+                                           compute_units=args.compute_units, compute_type=args.compute_type)  # fmt: skip
                     except WhisperaneError as e:
                         raise _ModelUnavailable(str(e)) from None
                 bar = _progress_bar(args.progress, stream.duration, path)

@@ -9,6 +9,7 @@ import hashlib
 import os
 import platform
 import sys
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -22,7 +23,10 @@ class Component(Protocol):
     inputs: dict[str, tuple]  # name -> shape (ints or symbolic names)
     outputs: dict[str, tuple]
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Named outputs for named inputs; ``outputs`` limits what is returned (and, where the executor can,
+        what is computed)."""
+        ...
 
 
 def _ort():
@@ -46,6 +50,24 @@ def _optimized_cache_path(path: Path, ort) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{ort.__version__}|{platform.machine()}|{flags}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return path.parent / ".ort-cache" / f"{path.stem}.{key}.ort"
+
+
+_ARENA_LOCK = threading.Lock()
+_arena_registered: bool | None = None
+
+
+def _shared_cpu_arena(ort) -> bool:
+    """Register one CPU arena allocator with ONNX Runtime's environment, once per process."""
+    global _arena_registered
+    with _ARENA_LOCK:
+        if _arena_registered is None:
+            try:
+                info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+                ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+                _arena_registered = True
+            except Exception:  # an onnxruntime without the API: sessions keep their own arenas
+                _arena_registered = False
+        return _arena_registered
 
 
 class OnnxComponent:
@@ -98,11 +120,19 @@ class OnnxComponent:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
+        # Memory: the components run one after another, so their activations share one arena (the process-wide
+        # allocator) instead of each session growing its own; and no per-session "memory pattern" block, which
+        # for the encoder is a second copy of its largest activations (measured: -60 MB and -80 MB peak RSS on
+        # tiny.en, speed unchanged).
+        opts.enable_mem_pattern = False
+        if _shared_cpu_arena(ort):
+            opts.add_session_config_entry("session.use_env_allocators", "1")
         return opts
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.session.run(self._output_names, feeds)
-        return dict(zip(self._output_names, values, strict=True))
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = outputs or self._output_names  # ONNX Runtime runs only the nodes the requested outputs need
+        values = self.session.run(names, feeds)
+        return dict(zip(names, values, strict=True))
 
 
 def default_providers() -> list[str]:
@@ -110,6 +140,12 @@ def default_providers() -> list[str]:
     if os.environ.get("WHISPERANE_DEVICE", "").lower() == "cpu":
         return ["CPUExecutionProvider"]
     return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def uses_cpu_only() -> bool:
+    """Whether ONNX components would run on the CPU provider alone."""
+    available = set(_ort().get_available_providers())
+    return [p for p in default_providers() if p in available] in ([], ["CPUExecutionProvider"])
 
 
 class CoreMLComponent:
@@ -144,12 +180,12 @@ class CoreMLComponent:
         if self.states:
             self.state = self.model.make_state()
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
         if self.state is not None:
             out = self.model.predict(feeds, state=self.state)
         else:
             out = self.model.predict(feeds)
-        return {k: np.asarray(v) for k, v in out.items()}
+        return {k: np.asarray(v) for k, v in out.items() if outputs is None or k in outputs}
 
 
 def open_component(bundle: Path, rel: str, executor: str, threads: int | None, compute_units: str) -> Component:

@@ -70,19 +70,25 @@ class DecoderState:
         self.value[:] = self.value[rows]
 
 
+COMPUTE_TYPES = ("default", "int8", "float32")
+
+
 class WhisperaneModel:
     def __init__(self, bundle: Path, executor: str = "onnx", threads: int | None = None, compute_units: str = "ALL",
-                 verify: bool = True):  # fmt: skip
+                 verify: bool = True, compute_type: str = "default"):  # fmt: skip
         self.info = BundleInfo.load(bundle)
         self.path = bundle
         self.executor = executor
         cfg = self.info.config
         self.dims = self.info.dims
         fmt = "onnx" if executor == "onnx" else "coreml"
+        self.compute_type = resolve_compute_type(compute_type, executor, cfg)
+        variant = f"{fmt}-int8" if self.compute_type == "int8" else fmt
         wanted = ["MelSpectrogram", "AudioEncoder", "TextDecoder", "TextDecoderContextPrefill", "TextDecoderSequence"]
         rels: dict[str, str] = {}
         for name in wanted:
-            rel = cfg.get("components", {}).get(name, {}).get(fmt)
+            entry = cfg.get("components", {}).get(name, {})
+            rel = entry.get(variant) or entry.get(fmt)
             if rel is None:
                 if name == "TextDecoderSequence":
                     continue
@@ -92,9 +98,12 @@ class WhisperaneModel:
         if verify:
             verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"], use_stamp=True)
         threads = threads or int(os.environ.get("WHISPERANE_THREADS", "0")) or None
+        self._open = lambda name: open_component(bundle, rels[name], executor, threads, compute_units)
+        # The prefill table is opened on first use (only --prefill table needs it).
+        eager = [n for n in rels if n != "TextDecoderContextPrefill"]
         # Sessions are created side by side: their set-up (mapping and prepacking weights) runs outside the GIL.
-        with ThreadPoolExecutor(max_workers=min(4, len(rels))) as pool:
-            futures = {name: pool.submit(open_component, bundle, rel, executor, threads, compute_units) for name, rel in rels.items()}
+        with ThreadPoolExecutor(max_workers=min(4, len(eager))) as pool:
+            futures = {name: pool.submit(self._open, name) for name in eager}
             tokenizer = pool.submit(Tokenizer.from_files, bundle / "tokenizer.json", self.info.special_tokens,
                                     self.info.languages, self.info.multilingual)  # fmt: skip
             self.components: dict[str, Component] = {name: f.result() for name, f in futures.items()}
@@ -103,7 +112,6 @@ class WhisperaneModel:
         self.encoder = self.components["AudioEncoder"]
         self.decoder = self.components["TextDecoder"]
         self.sequence = self.components.get("TextDecoderSequence")
-        self.prefill = self.components["TextDecoderContextPrefill"]
         # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
         self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
         # WhisperKit's decoder returns only the mean over the alignment heads ([B, F] rather than [B, A, F]).
@@ -114,6 +122,14 @@ class WhisperaneModel:
         self.lock = threading.RLock()
         self._states: dict[int, DecoderState] = {}
         self._prefill_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def prefill(self) -> Component:
+        """The TextDecoderContextPrefill component, opened on first use."""
+        with self.lock:
+            if "TextDecoderContextPrefill" not in self.components:
+                self.components["TextDecoderContextPrefill"] = self._open("TextDecoderContextPrefill")
+            return self.components["TextDecoderContextPrefill"]
 
     # --- tokenizer ------------------------------------------------------------------------------------
 
@@ -169,15 +185,16 @@ class WhisperaneModel:
         state.update.fill(0.0)
         state.update[:, pos] = 1.0
         state.padding[:, pos] = 0.0
-        feeds = self._decoder_feeds(state, tokens, enc)
+        feeds = self._decoder_feeds(state, tokens, enc, self.decoder)
         feeds["kv_cache_update_mask"] = state.update
         out = self.decoder.run(feeds)
         state.write(out["key_cache_updates"], out["value_cache_updates"])
         return out["logits"][:, 0, :], self._alignment(out["alignment_heads_weights"])
 
-    def _decoder_feeds(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> dict[str, np.ndarray]:
+    def _decoder_feeds(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow,
+                       component: Component) -> dict[str, np.ndarray]:  # fmt: skip
         """The inputs both decoders share: tokens written from ``state.length``, the cache and the encoder side."""
-        return {
+        feeds = {
             "input_ids": tokens.astype(np.int32),
             "cache_length": np.full(tokens.shape[0], state.length, dtype=np.int32),
             "key_cache": state.key,
@@ -185,21 +202,36 @@ class WhisperaneModel:
             "decoder_key_padding_mask": state.padding,
             **self._encoder_feeds(enc),
         }
+        if "key_cache_0" in component.inputs:  # the ONNX Runtime variant: one input per layer for each cache
+            d, n = self.dims.n_text_state, self.dims.n_text_layer
+            for name in ("key_cache", "value_cache", "encoder_attn_key_cache", "encoder_attn_value_cache"):
+                cache = feeds.pop(name)
+                # slices of one layer are contiguous views for batch 1 (no copy); larger batches are copied
+                feeds.update({f"{name}_{i}": np.ascontiguousarray(cache[:, i * d : (i + 1) * d]) for i in range(n)})
+        return feeds
 
     def _alignment(self, w: np.ndarray) -> np.ndarray:
         return w if w.ndim == 3 else w.reshape(w.shape[0], 1, -1)  # WhisperKit: mean-only [B, F]
 
-    def forward_tokens(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> tuple[np.ndarray, np.ndarray]:
+    def forward_tokens(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow,
+                       need_logits: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:  # fmt: skip
         """Run T tokens per sequence from ``state.length`` (tokens [B, T]); returns (logits [B, T, V],
-        alignment [B, A, T, F]). Uses TextDecoderSequence when the bundle has one, else T single steps."""
+        alignment [B, A, T, F]). Uses TextDecoderSequence when the bundle has one, else T single steps.
+
+        ``need_logits=False`` only fills the cache (a prompt whose predictions nobody reads): the vocabulary
+        projection of every position, the larger part of the call, is then not computed; returns (None, None).
+        """
         b, t = tokens.shape
         if state.length + t > state.cache_length:
             raise ModelError(f"{t} tokens do not fit the decoder cache at position {state.length}")
         if self.sequence is None:
             logits, align = zip(*(self.step(state, tokens[:, i], enc) for i in range(t)), strict=True)
-            return np.stack(logits, axis=1), np.stack(align, axis=2)
-        out = self.sequence.run(self._decoder_feeds(state, tokens, enc))
+            return (np.stack(logits, axis=1), np.stack(align, axis=2)) if need_logits else (None, None)
+        wanted = None if need_logits else ["key_cache_updates", "value_cache_updates"]
+        out = self.sequence.run(self._decoder_feeds(state, tokens, enc, self.sequence), wanted)
         state.write(out["key_cache_updates"], out["value_cache_updates"])
+        if not need_logits:
+            return None, None
         return out["logits"], out["alignment_heads_weights"]
 
     def prefill_table(self, task_index: int, language_token: int) -> tuple[np.ndarray, np.ndarray]:
@@ -209,6 +241,22 @@ class WhisperaneModel:
             out = self.prefill.run({"task": np.array([task_index], dtype=np.int32), "language": np.array([language_token], dtype=np.int32)})
             self._prefill_cache[key] = (out["key_cache_prefill"], out["value_cache_prefill"])
         return self._prefill_cache[key]
+
+
+def resolve_compute_type(compute_type: str, executor: str, config: dict) -> str:
+    """"int8" or "float32". ``default`` is int8 where it pays: ONNX Runtime on the CPU (its int8 kernels halve the
+    weight traffic of every decoder step), with a bundle that has int8 components; float32 otherwise."""
+    if compute_type not in COMPUTE_TYPES:
+        raise ModelError(f"unknown compute type {compute_type!r}; use {', '.join(COMPUTE_TYPES)}")
+    has_int8 = any(f"{executor}-int8" in entry for entry in config.get("components", {}).values())
+    if compute_type == "int8" and not has_int8:
+        raise ModelError(f"this bundle has no int8 {executor} components; rebuild it with: "
+                         f"whisperane convert {config.get('name', '<model>')} --force")  # fmt: skip
+    if compute_type == "default":
+        from .executors import uses_cpu_only
+
+        return "int8" if has_int8 and executor == "onnx" and uses_cpu_only() else "float32"
+    return compute_type
 
 
 def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True) -> Path:
@@ -240,6 +288,10 @@ def _stderr_progress(msg: str) -> None:
 
 
 def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
-               compute_units: str = "ALL") -> WhisperaneModel:  # fmt: skip
-    """Load a bundle by model name (converted on first use) or directory, ready to transcribe."""
-    return WhisperaneModel(resolve_bundle(name_or_path), executor=executor, threads=threads, compute_units=compute_units)
+               compute_units: str = "ALL", compute_type: str = "default") -> WhisperaneModel:  # fmt: skip
+    """Load a bundle by model name (converted on first use) or directory, ready to transcribe.
+
+    ``compute_type``: "int8" (int8 decoder weights), "float32", or "default" (int8 on the CPU with ONNX Runtime
+    when the bundle has it, as faster-whisper's int8; float32 elsewhere)."""
+    return WhisperaneModel(resolve_bundle(name_or_path), executor=executor, threads=threads, compute_units=compute_units,
+                           compute_type=compute_type)  # fmt: skip
