@@ -66,10 +66,19 @@ def compression_ratio(text: str) -> float:
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
+    return x - logsumexp(x)
+
+
+def logsumexp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, keepdims; -inf for rows that are all -inf.
+
+    The exponentials are taken in the input's precision (float32 logits: half the time of float64 over the
+    vocabulary, once per decoded token) and summed in float64.
+    """
     m = x.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    shifted = x - m
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    with np.errstate(divide="ignore"):
+        return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True, dtype=np.float64))
 
 
 # --- logit filters (openai-whisper's) -------------------------------------------------------------------
@@ -130,12 +139,12 @@ class ApplyTimestampRules(LogitFilter):
             logits[:, :tb] = -np.inf  # the first sampled token is a timestamp
             if self.max_initial_timestamp_index is not None:
                 logits[:, tb + self.max_initial_timestamp_index + 1 :] = -np.inf
-        logprobs = log_softmax(logits)
+        # openai compares logsumexp(logprobs[tb:]) with max(logprobs[:tb]); both sides carry the same
+        # normalizer, so the raw logits compare the same without a log-softmax over the vocabulary.
+        timestamp_mass = logsumexp(logits[:, tb:])[:, 0]
+        text_best = logits[:, :tb].max(axis=-1)
         for k in range(logits.shape[0]):
-            ts = logprobs[k, tb:]
-            top = ts.max()
-            timestamp_logprob = top + np.log(np.exp(ts - top).sum()) if np.isfinite(top) else -np.inf
-            if timestamp_logprob > logprobs[k, :tb].max():
+            if timestamp_mass[k] > text_best[k]:
                 logits[k, :tb] = -np.inf
 
 
@@ -271,13 +280,14 @@ def _prefill(model, state, enc, initial, sot_index, tokenizer, options):
         lang_token = tokenizer.language_token if tokenizer.language_token is not None else 0
         k, v = model.prefill_table(task_index, lang_token)
         batch1.write(k[..., :table_positions], v[..., :table_positions])
-    rest = np.asarray([initial[table_positions:]], dtype=np.int64)
-    logits, align = model.forward_tokens(batch1, rest, enc)
-    if table_positions:
-        # WhisperKit's approximation: the sot logits were never computed, so take the first computed row.
-        no_speech_logits = logits[0, 0]
-    else:
-        no_speech_logits = logits[0, sot_index]
+    # The prompt before <|startoftranscript|> only fills the cache; logits are needed from sot on (the
+    # no-speech probability at sot, the first token from the last position).
+    first = max(sot_index, table_positions)
+    if first > table_positions:
+        model.forward_tokens(batch1, np.asarray([initial[table_positions:first]], dtype=np.int64), enc, need_logits=False)
+    logits, align = model.forward_tokens(batch1, np.asarray([initial[first:]], dtype=np.int64), enc)
+    # With the table, the sot logits were never computed: WhisperKit's approximation takes the first row.
+    no_speech_logits = logits[0, 0]
     no_speech_prob = float(np.exp(log_softmax(no_speech_logits.astype(np.float64))[tokenizer.no_speech]))
     if batch1 is not state:
         state.key[:, :, :, : batch1.length] = batch1.key[:, :, :, : batch1.length]
@@ -298,7 +308,7 @@ def _sample_loop(model, state, enc, first_logits, first_align, initial, filters,
     for i in range(sample_len):
         for f in filters:
             f.apply(logits, tokens)
-        logprobs = log_softmax(logits.astype(np.float64))
+        normalizer = logsumexp(logits)[:, 0]  # only the chosen tokens' log-probabilities are needed
         if options.temperature < 1e-6:  # below this, sampling is greedy (and would overflow)
             next_tokens = logits.argmax(axis=-1)
         else:
@@ -308,7 +318,7 @@ def _sample_loop(model, state, enc, first_logits, first_align, initial, filters,
             if tokens[k][-1] == eot:
                 next_tokens[k] = eot
             else:
-                lp = float(logprobs[k, next_tokens[k]])
+                lp = float(logits[k, next_tokens[k]] - normalizer[k])
                 sum_logprobs[k] += lp
                 token_logprobs[k].append(lp)
             tokens[k].append(int(next_tokens[k]))

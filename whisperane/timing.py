@@ -200,10 +200,11 @@ def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot
     (the same rows as the weights passed to ``find_alignment``, without the eot row).
     """
     n = len(text_tokens)
-    scores = np.asarray(logits, dtype=np.float64)[:n, :eot]
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    log_norm = np.log(np.exp(scores).sum(axis=-1))
-    return np.exp(scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)] - log_norm)
+    scores = np.asarray(logits, dtype=np.float32)[:n, :eot]
+    top = scores.max(axis=-1, keepdims=True)
+    log_norm = np.log(np.exp(scores - top).sum(axis=-1, dtype=np.float64))  # float32 exp, float64 sum
+    picked = scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)] - top[:, 0]
+    return np.exp(picked - log_norm)
 
 
 def alignment_matrix(
