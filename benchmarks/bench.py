@@ -3,8 +3,8 @@
 Prints markdown tables (see benchmarks/README.md):
 
 - speed: end-to-end wall time of whole processes (imports and model load included), real-time factor and peak RSS
-  of whisperane's CLI and faster-whisper int8/float32 (beam 1, word timestamps on, same threads) on the 11 s JFK
-  clip and a >= 10-minute English file built from the corpus; the cost of word timestamps; whisperane's split into
+  of whisperane's CLI (its default, int8 decoders on the CPU, and float32) and faster-whisper int8/float32 (beam 1,
+  word timestamps on, same threads) on the 11 s JFK clip and a >= 10-minute English file built from the corpus; the cost of word timestamps; whisperane's split into
   mel, encoder and per-token decoder time (measured in this process by wrapping a loaded model's methods);
 - wer: every corpus clip and the long file, Whisper's English normalizer then jiwer (CER for ja/zh/ko), and for
   multilingual models the detected language of every non-English clip;
@@ -158,13 +158,16 @@ class Engine:
     words: bool = True
 
 
-def whisperane_engine(bundle: Path, threads: int, words: bool = True) -> Engine:
+def whisperane_engine(bundle: Path, threads: int, words: bool = True, compute_type: str = "default") -> Engine:
+    """The CLI; "whisperane" is its default compute type (int8 decoders on the CPU), others are named."""
+
     def command(audio: Path, out_dir: Path) -> list[str]:
         cmd = [sys.executable, "-m", "whisperane", "transcribe", str(audio), "--model", str(bundle), "-o", str(out_dir),
-               "--threads", str(threads), "--overwrite"]  # fmt: skip
+               "--threads", str(threads), "--overwrite", "--compute-type", compute_type]  # fmt: skip
         return cmd if words else [*cmd, "--no-word-timestamps"]
 
-    return Engine("whisperane" + ("" if words else " (no words)"), command, words)
+    name = "whisperane" + ("" if compute_type == "default" else f" {compute_type}")
+    return Engine(name + ("" if words else " (no words)"), command, words)
 
 
 def faster_whisper_engine(model_dir: Path, compute_type: str, threads: int, language: str | None,
@@ -389,8 +392,8 @@ class Bench:
 
     def engines(self, model: str, with_no_words: bool) -> list[Engine]:
         t, lang, ct2 = self.args.threads, self.fixed_language(model), self.ct2_dir(model)
-        engines = [whisperane_engine(self.bundle(model), t), faster_whisper_engine(ct2, "int8", t, lang),
-                   faster_whisper_engine(ct2, "float32", t, lang)]  # fmt: skip
+        engines = [whisperane_engine(self.bundle(model), t), whisperane_engine(self.bundle(model), t, compute_type="float32"),
+                   faster_whisper_engine(ct2, "int8", t, lang), faster_whisper_engine(ct2, "float32", t, lang)]  # fmt: skip
         if with_no_words:
             engines += [whisperane_engine(self.bundle(model), t, words=False),
                         faster_whisper_engine(ct2, "int8", t, lang, words=False)]  # fmt: skip
@@ -432,6 +435,7 @@ class Bench:
             # other engines only with --long-engines all.
             secondary = 1 if args.long_engines == "all" else 0
             long_repeats = {"whisperane": n_long, "faster-whisper int8": n_long, "faster-whisper float32": secondary,
+                            "whisperane float32": secondary,
                             "whisperane (no words)": 1 if (i == 0 and not args.quick) or secondary else 0,
                             "faster-whisper int8 (no words)": secondary}  # fmt: skip
             files = [("jfk", jfk.path, jfk.duration, args.repeats), ("long", long.path, long.duration, long_repeats)]
@@ -523,13 +527,13 @@ class Bench:
 
         clips = self.english if self.fixed_language(model) else self.corpus
         lang = self.fixed_language(model)
-        wm = load_model(self.bundle(model), threads=self.args.threads)
-        results: dict[str, dict[str, Transcript]] = {"whisperane": {}}
-        t0 = time.perf_counter()
-        for c in clips:
-            results["whisperane"][c.id] = whisperane_transcript(wm, c.path, lang)
-        progress(f"clips {model} whisperane: {time.perf_counter() - t0:.1f} s")
-        del wm
+        results: dict[str, dict[str, Transcript]] = {}
+        for label, compute_type in (("whisperane", "default"), ("whisperane float32", "float32")):
+            wm = load_model(self.bundle(model), threads=self.args.threads, compute_type=compute_type)
+            t0 = time.perf_counter()
+            results[label] = {c.id: whisperane_transcript(wm, c.path, lang) for c in clips}
+            progress(f"clips {model} {label}: {time.perf_counter() - t0:.1f} s")
+            del wm
         for ct in ("int8", "float32"):
             t0 = time.perf_counter()
             fm = WhisperModel(str(self.ct2_dir(model)), device="cpu", compute_type=ct, cpu_threads=self.args.threads)
@@ -545,7 +549,7 @@ class Bench:
              "CTranslate2 weights the whisperane bundle was converted from. WER after Whisper's English normalizer "
              "(`whisper_normalizer`), then jiwer; totals are corpus-level (all errors / all reference words). Non-English "
              "clips: BasicTextNormalizer, CER for ja/zh/ko.\n")  # fmt: skip
-        engines = ("whisperane", "faster-whisper int8", "faster-whisper float32")
+        engines = ("whisperane", "whisperane float32", "faster-whisper int8", "faster-whisper float32")
         summary = []
         for model in self.models:
             t0 = time.perf_counter()

@@ -129,12 +129,14 @@ def test_missing_component(bundle):
     _assert_names_file_and_fix(info.value, bundle / "AudioEncoder.onnx", "missing")
 
 
-def test_truncated_component(bundle):
-    path = bundle / "TextDecoder.onnx"
+@pytest.mark.parametrize("compute_type,name", [("default", "TextDecoder.int8.onnx"), ("float32", "TextDecoder.onnx")])
+def test_truncated_component(bundle, compute_type, name):
+    """The file the chosen compute type loads (int8 decoders by default on the CPU) is verified."""
+    path = bundle / name
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size // 2)
     with pytest.raises(ModelError) as info:
-        load_model(bundle)
+        load_model(bundle, compute_type=compute_type)
     _assert_names_file_and_fix(info.value, path, "checksum mismatch")
 
 
