@@ -233,8 +233,11 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
     language = options.language
     language_probs = None
     tokenizer = model.tokenizer(language=language if model.is_multilingual else None, task=options.task)
+    first_window = None  # (frames, encoding, samples) of the window at seek 0, encoded for language detection
     if model.is_multilingual and language is None:
-        enc, _ = _window(model, stream, 0, N_FRAMES)
+        # The same frames the first window of the loop reads, so that the loop reuses this encoding.
+        first_window = (min(N_FRAMES, content_frames), *_window(model, stream, 0, min(N_FRAMES, content_frames)))
+        enc = first_window[1]
         if enc is not None:
             language, language_probs = detect_language(model, enc, tokenizer)
         else:  # nothing to detect from: the transcript will be empty
@@ -269,7 +272,11 @@ def _transcribe(model: WhisperaneModel, stream: AudioStream, options: Transcribe
         window_end_time = float((seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
         segment_size = min(N_FRAMES, content_frames - seek, seek_clip_end - seek)
         segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
-        enc, samples = _window(model, stream, seek, segment_size)
+        if first_window is not None and seek == 0 and segment_size == first_window[0]:
+            _, enc, samples = first_window
+        else:
+            enc, samples = _window(model, stream, seek, segment_size)
+        first_window = None
         if stream.exhausted:
             content_frames = int(stream.n_samples // HOP_LENGTH)
         if enc is None:
