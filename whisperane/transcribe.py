@@ -206,8 +206,13 @@ def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, langua
             needs_fallback = True  # too repetitive
         if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
             needs_fallback = True  # average log probability is too low
-        if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold:
-            needs_fallback = False  # silence
+        if (
+            options.no_speech_threshold is not None
+            and result.no_speech_prob > options.no_speech_threshold
+            and options.logprob_threshold is not None
+            and result.avg_logprob < options.logprob_threshold
+        ):  # silence; a confident result (a loop at a tail of audio, say) still falls back (openai since v20240930)
+            needs_fallback = False
         if not needs_fallback:
             break
     assert result is not None
