@@ -191,8 +191,12 @@ def _clip_ranges(clip_timestamps: str | Sequence[float], content_frames: int) ->
 
 
 def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, language, tokenizer, language_probs, seed):
+    """Decode at each temperature in turn until a result passes the compression-ratio and log-probability
+    checks. When none does, the result with the best average log-probability among those not too repetitive
+    (else among all) is kept, as faster-whisper does: openai-whisper keeps the last, highest-temperature one,
+    which on a fragile window (a fraction of a second of tail audio) is the most likely to be noise."""
     temperatures = [options.temperature] if isinstance(options.temperature, (int, float)) else list(options.temperature)
-    result: DecodingResult | None = None
+    tried: list[DecodingResult] = []
     for t in temperatures:
         opts = DecodingOptions(
             task=options.task, language=language, temperature=t, best_of=options.best_of if t > 0 else None,
@@ -201,6 +205,7 @@ def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, langua
             max_initial_timestamp=options.max_initial_timestamp, prefill=options.prefill, seed=seed,
         )  # fmt: skip
         result = decode(model, enc, opts, tokenizer, language_probs)
+        tried.append(result)
         needs_fallback = False
         if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
             needs_fallback = True  # too repetitive
@@ -214,9 +219,10 @@ def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, langua
         ):  # silence; a confident result (a loop at a tail of audio, say) still falls back (openai since v20240930)
             needs_fallback = False
         if not needs_fallback:
-            break
-    assert result is not None
-    return result
+            return result
+    threshold = options.compression_ratio_threshold
+    not_repetitive = [r for r in tried if threshold is None or r.compression_ratio <= threshold]
+    return max(not_repetitive or tried, key=lambda r: r.avg_logprob)
 
 
 def _transcribe(model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions, progress) -> TranscriptionResult:

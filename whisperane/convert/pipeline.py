@@ -30,14 +30,13 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 4
-# Components that also get an ONNX Runtime variant with int8 weights (MatMulNBits) and one cross-attention K/V
-# input per layer (no per-step copy of the concatenated caches): the decoders, whose per-token cost is reading
-# weights and caches. The encoder is compute-bound on 1500 frames, where ONNX Runtime's int8 kernels are no
-# faster than its fp32 GEMM on AVX2, so it stays float32.
-INT8_COMPONENTS = ("TextDecoder", "TextDecoderSequence")
-INT8_PRECISION = ("TextDecoder, TextDecoderSequence: int8 weights (MatMulNBits, blocks of 32), cross-attention "
-                  "K/V one input per layer; the other components float32")
+CONVERTER_REVISION = 5
+# Components that also get an ONNX Runtime variant with int8 weights: the decoders, whose per-token cost is
+# reading weights and caches, as weight-only MatMulNBits with one cache input per layer (no per-step copy of the
+# concatenated caches); the encoder, compute-bound on 1500 frames, with dynamically quantized MatMuls.
+INT8_COMPONENTS = ("AudioEncoder", "TextDecoder", "TextDecoderSequence")
+INT8_PRECISION = ("TextDecoder, TextDecoderSequence: int8 weights (MatMulNBits, blocks of 32), each cache one input "
+                  "per layer; AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel); the rest float32")
 
 
 def convert(
@@ -157,11 +156,14 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
             export(tmp / f"{name}.onnx")
             components.setdefault(name, {})["onnx"] = f"{name}.onnx"
             if name in INT8_COMPONENTS:
-                say(f"exporting {name}.int8.onnx")
-                staged = tmp / f".{name}.per-layer.onnx"
-                export(staged, per_layer=True)
-                quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx")
-                staged.unlink()
+                say(f"quantizing {name}.int8.onnx")
+                if name == "AudioEncoder":
+                    quantize.quantize_dynamic_int8(tmp / f"{name}.onnx", tmp / f"{name}.int8.onnx")
+                else:
+                    staged = tmp / f".{name}.per-layer.onnx"
+                    export(staged, per_layer=True)
+                    quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx")
+                    staged.unlink()
                 components[name]["onnx-int8"] = f"{name}.int8.onnx"
     if "coreml" in formats:
         from . import export_coreml
