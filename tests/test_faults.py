@@ -129,7 +129,7 @@ def test_missing_component(bundle):
     _assert_names_file_and_fix(info.value, bundle / "AudioEncoder.onnx", "missing")
 
 
-@pytest.mark.parametrize("compute_type,name", [("default", "TextDecoder.int8.onnx"), ("float32", "TextDecoder.onnx")])
+@pytest.mark.parametrize("compute_type,name", [("default", "TextDecoderSequence.int8.onnx"), ("float32", "TextDecoder.onnx")])
 def test_truncated_component(bundle, compute_type, name):
     """The file the chosen compute type loads (int8 decoders by default on the CPU) is verified."""
     path = bundle / name

@@ -50,7 +50,7 @@ def tiny_int8(tiny_en_bundle):
     from whisperane.model import load_model
 
     m = load_model(tiny_en_bundle, threads=2, compute_type="int8")
-    assert m.decoder.name == "TextDecoder.int8"
+    assert m.decoder.name == "TextDecoderSequence.int8" and m.sequence is m.decoder  # one session for both uses
     return m
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from .executors import Component, open_component
 from .tokenizer import Tokenizer
 
 MASKED = -1e4  # decoder_key_padding_mask value for positions not attended
+SHORT_SEQUENCE = 4  # up to this many tokens, forward_tokens runs TextDecoder steps (measured: 4 steps < 1 call)
 
 
 @dataclass
@@ -95,12 +96,26 @@ class WhisperaneModel:
                 raise ModelError(f"{bundle}: the bundle has no {fmt} {name}; rebuild it with: whisperane convert "
                                  f"{cfg.get('name', bundle.name)} --formats {fmt} --out {bundle}")  # fmt: skip
             rels[name] = rel
+        components = cfg.get("components", {})
+        # ONNX Runtime's int8 variant has one decoder graph for both uses: the multi-token TextDecoderSequence,
+        # whose one-token calls append the token's K/V by concatenation where TextDecoder blends it in through
+        # the one-hot mask (the same cost there: 4.6 vs 4.5 ms a step on tiny.en); one session instead of two
+        # holding the same weights.
+        shared = variant != fmt and variant in components.get("TextDecoderSequence", {}) and variant not in components.get("TextDecoder", {})
+        if shared:
+            rels["TextDecoder"] = rels.pop("TextDecoderSequence")
         if verify:
             verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"], use_stamp=True)
         threads = threads or int(os.environ.get("WHISPERANE_THREADS", "0")) or None
         self._open = lambda name: open_component(bundle, rels[name], executor, threads, compute_units)
-        # The prefill table is opened on first use (only --prefill table needs it).
-        eager = [n for n in rels if n != "TextDecoderContextPrefill"]
+        # The prefill table is opened on first use (only --prefill table needs it); TextDecoderSequence in the
+        # background, since the first window's encoder and decoding steps come before its first use.
+        eager = [n for n in rels if n not in ("TextDecoderContextPrefill", "TextDecoderSequence")]
+        self._sequence: Future | None = None
+        if "TextDecoderSequence" in rels:
+            background = ThreadPoolExecutor(max_workers=1)
+            self._sequence = background.submit(self._open, "TextDecoderSequence")
+            background.shutdown(wait=False)
         # Sessions are created side by side: their set-up (mapping and prepacking weights) runs outside the GIL.
         with ThreadPoolExecutor(max_workers=min(4, len(eager))) as pool:
             futures = {name: pool.submit(self._open, name) for name in eager}
@@ -111,9 +126,14 @@ class WhisperaneModel:
         self.mel_component = self.components["MelSpectrogram"]
         self.encoder = self.components["AudioEncoder"]
         self.decoder = self.components["TextDecoder"]
-        self.sequence = self.components.get("TextDecoderSequence")
+        if shared:
+            self._sequence = Future()
+            self._sequence.set_result(self.decoder)
         # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
         self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
+        # A multi-token decoder graph (the shared int8 variant): steps feed [B, 1] tokens and no update mask.
+        self.decoder_appends = "kv_cache_update_mask" not in self.decoder.inputs and "input_ids" in self.decoder.inputs
+
         # WhisperKit's decoder returns only the mean over the alignment heads ([B, F] rather than [B, A, F]).
         self.alignment_is_mean = len(self.decoder.outputs.get("alignment_heads_weights", (0, 0, 0))) == 2
         self.channels = self.dims.n_text_state * self.dims.n_text_layer
@@ -122,6 +142,11 @@ class WhisperaneModel:
         self.lock = threading.RLock()
         self._states: dict[int, DecoderState] = {}
         self._prefill_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def sequence(self) -> Component | None:
+        """The TextDecoderSequence component (None when the bundle has none), waiting for its loading."""
+        return None if self._sequence is None else self._sequence.result()
 
     @property
     def prefill(self) -> Component:
@@ -182,6 +207,10 @@ class WhisperaneModel:
         pos = state.length
         if pos >= state.cache_length:
             raise ModelError("decoder cache is full")
+        if self.decoder_appends:  # the new position is attended through the appended K/V, not the cache
+            out = self.decoder.run(self._decoder_feeds(state, tokens[:, None], enc, self.decoder))
+            state.write(out["key_cache_updates"], out["value_cache_updates"])
+            return out["logits"][:, 0, :], out["alignment_heads_weights"][:, :, 0]
         state.update.fill(0.0)
         state.update[:, pos] = 1.0
         state.padding[:, pos] = 0.0
@@ -224,7 +253,8 @@ class WhisperaneModel:
         b, t = tokens.shape
         if state.length + t > state.cache_length:
             raise ModelError(f"{t} tokens do not fit the decoder cache at position {state.length}")
-        if self.sequence is None:
+        # A few tokens (a prefix after <|startoftranscript|>) cost less as single steps than as one call.
+        if t <= SHORT_SEQUENCE or self.sequence is None:
             logits, align = zip(*(self.step(state, tokens[:, i], enc) for i in range(t)), strict=True)
             return (np.stack(logits, axis=1), np.stack(align, axis=2)) if need_logits else (None, None)
         wanted = None if need_logits else ["key_cache_updates", "value_cache_updates"]

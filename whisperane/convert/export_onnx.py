@@ -104,10 +104,8 @@ def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
             **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache")}  # fmt: skip
 
 
-def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path, per_layer: bool = False) -> Path:
+def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
     ex = decoder_example(dims, cache_length)
-    if per_layer:
-        ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
     dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
     dyn.update({n: {0: "batch"} for n in DECODER_OUTPUTS})

@@ -30,13 +30,15 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 5
-# Components that also get an ONNX Runtime variant with int8 weights: the decoders, whose per-token cost is
-# reading weights and caches, as weight-only MatMulNBits with one cache input per layer (no per-step copy of the
-# concatenated caches); the encoder, compute-bound on 1500 frames, with dynamically quantized MatMuls.
-INT8_COMPONENTS = ("AudioEncoder", "TextDecoder", "TextDecoderSequence")
-INT8_PRECISION = ("TextDecoder, TextDecoderSequence: int8 weights (MatMulNBits, blocks of 32), each cache one input "
-                  "per layer; AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel); the rest float32")
+CONVERTER_REVISION = 6
+# Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
+# reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
+# the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one
+# session); the encoder, compute-bound on 1500 frames, with dynamically quantized MatMuls.
+INT8_COMPONENTS = ("AudioEncoder", "TextDecoderSequence")
+INT8_PRECISION = ("TextDecoderSequence (also the one-token decoder): int8 weights (MatMulNBits, blocks of 32), each "
+                  "cache one input per layer; AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel); "
+                  "the rest float32")
 
 
 def convert(
@@ -148,7 +150,7 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
         for name, export in (
             ("MelSpectrogram", lambda p, **kw: export_onnx.export_mel(mel, p)),
             ("AudioEncoder", lambda p, **kw: export_onnx.export_encoder(encoder, dims, p)),
-            ("TextDecoder", lambda p, **kw: export_onnx.export_decoder(decoder, dims, s, p, **kw)),
+            ("TextDecoder", lambda p, **kw: export_onnx.export_decoder(decoder, dims, s, p)),
             ("TextDecoderSequence", lambda p, **kw: export_onnx.export_decoder_sequence(sequence, dims, s, p, **kw)),
             ("TextDecoderContextPrefill", lambda p, **kw: export_onnx.export_prefill(prefill, p)),
         ):
