@@ -122,11 +122,12 @@ def _assert_names_file_and_fix(err: ModelError, path: Path, cause: str) -> None:
     ), message
 
 
-def test_missing_component(bundle):
-    (bundle / "AudioEncoder.onnx").unlink()
+@pytest.mark.parametrize("compute_type,name", [("default", "AudioEncoder.int8.onnx"), ("float32", "AudioEncoder.onnx")])
+def test_missing_component(bundle, compute_type, name):
+    (bundle / name).unlink()
     with pytest.raises(ModelError) as info:
-        load_model(bundle)
-    _assert_names_file_and_fix(info.value, bundle / "AudioEncoder.onnx", "missing")
+        load_model(bundle, compute_type=compute_type)
+    _assert_names_file_and_fix(info.value, bundle / name, "missing")
 
 
 @pytest.mark.parametrize("compute_type,name", [("default", "TextDecoderSequence.int8.onnx"), ("float32", "TextDecoder.onnx")])
