@@ -124,33 +124,36 @@ class DecodeTrace:
 
 
 def decode_teacher_forced(
-    run, tokens: list[int], enc_k: np.ndarray, enc_v: np.ndarray, cache_length: int
+    run, tokens: list[int], enc_k: np.ndarray, enc_v: np.ndarray, cache_length: int, appending: bool = False
 ) -> DecodeTrace:
-    """Drive a one-token TextDecoder through the fixed cache as the runtime does: the one-hot mask selects
-    the position, the host writes the returned column at ``cache_length`` and unmasks it."""
+    """Drive a decoder one token per call through the fixed cache as the runtime does: the one-hot mask selects
+    the position, the host writes the returned column at ``cache_length`` and unmasks it. ``appending``: a
+    multi-token decoder (the shared int8 variant) given [1, 1] tokens and no mask; the token's K/V are appended
+    inside the call, so its cache position is unmasked only once the host has written it."""
     dl = enc_k.shape[1]
     key_cache = np.zeros((1, dl, 1, cache_length), np.float32)
     value_cache = np.zeros_like(key_cache)
     padding = np.full((1, cache_length), MASKED, np.float32)
     out: list[list[np.ndarray]] = [[], [], [], []]
     for i, token in enumerate(tokens):
-        update = np.zeros((1, cache_length), np.float32)
-        update[0, i] = 1.0
-        padding[0, i] = 0.0
         feeds = {
-            "input_ids": np.array([token], np.int32),
+            "input_ids": np.array([[token]] if appending else [token], np.int32),
             "cache_length": np.array([i], np.int32),
             "key_cache": key_cache.copy(),
             "value_cache": value_cache.copy(),
-            "kv_cache_update_mask": update,
-            "decoder_key_padding_mask": padding.copy(),
             "encoder_attn_key_cache": enc_k,
             "encoder_attn_value_cache": enc_v,
         }
+        if not appending:
+            feeds["kv_cache_update_mask"] = np.zeros((1, cache_length), np.float32)
+            feeds["kv_cache_update_mask"][0, i] = 1.0
+            padding[0, i] = 0.0
+        feeds["decoder_key_padding_mask"] = padding.copy()
         logits, k, v, w = run(feeds)
         key_cache[..., i] = k[..., 0]
         value_cache[..., i] = v[..., 0]
-        for acc, x in zip(out, (logits[0, 0], k[0, :, 0, 0], v[0, :, 0, 0], w[0]), strict=True):
+        padding[0, i] = 0.0
+        for acc, x in zip(out, (logits[0, 0], k[0, :, 0, 0], v[0, :, 0, 0], w[0, :, 0] if appending else w[0]), strict=True):
             acc.append(x)
     return DecodeTrace(*(np.stack(acc) for acc in out))
 
@@ -360,33 +363,6 @@ def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions):
 INT8_LOGITS_PSNR = 40.0  # measured 50.5-52.3 dB on logits, >= 50.9 dB on every output (tiny.en, base)
 
 
-def decode_appending(run, tokens: list[int], enc_k: np.ndarray, enc_v: np.ndarray, cache_length: int) -> DecodeTrace:
-    """Drive a multi-token decoder one token per call, as the runtime drives the shared int8 variant: the
-    token's K/V are appended inside the call (its cache position stays masked until the host writes it)."""
-    dl = enc_k.shape[1]
-    key_cache = np.zeros((1, dl, 1, cache_length), np.float32)
-    value_cache = np.zeros_like(key_cache)
-    padding = np.full((1, cache_length), MASKED, np.float32)
-    out: list[list[np.ndarray]] = [[], [], [], []]
-    for i, token in enumerate(tokens):
-        feeds = {
-            "input_ids": np.array([[token]], np.int32),
-            "cache_length": np.array([i], np.int32),
-            "key_cache": key_cache,
-            "value_cache": value_cache,
-            "decoder_key_padding_mask": padding.copy(),
-            "encoder_attn_key_cache": enc_k,
-            "encoder_attn_value_cache": enc_v,
-        }
-        logits, k, v, w = run(feeds)
-        key_cache[..., i] = k[..., 0]
-        value_cache[..., i] = v[..., 0]
-        padding[0, i] = 0.0
-        for acc, x in zip(out, (logits[0, 0], k[0, :, 0, 0], v[0, :, 0, 0], w[0, :, 0]), strict=True):
-            acc.append(x)
-    return DecodeTrace(*(np.stack(acc) for acc in out))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("calls", ["one token per call", "all tokens in one call"])
 def test_onnx_int8_decoder_close_to_torch(case, calls):
@@ -404,7 +380,7 @@ def test_onnx_int8_decoder_close_to_torch(case, calls):
     run = per_layer_runner(ort_session(path), case.info.dims)
     ref = case.torch_trace
     if calls == "one token per call":
-        trace = decode_appending(run, case.tokens, case.enc_k, case.enc_v, case.info.cache_length)
+        trace = decode_teacher_forced(run, case.tokens, case.enc_k, case.enc_v, case.info.cache_length, appending=True)
         got = [trace.logits, trace.key_updates, trace.value_updates, trace.alignment_weights]
     else:
         out = run(sequence_feeds(case.tokens, case.enc_k, case.enc_v, case.info.cache_length))

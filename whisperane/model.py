@@ -133,7 +133,6 @@ class WhisperaneModel:
         self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
         # A multi-token decoder graph (the shared int8 variant): steps feed [B, 1] tokens and no update mask.
         self.decoder_appends = "kv_cache_update_mask" not in self.decoder.inputs and "input_ids" in self.decoder.inputs
-
         # WhisperKit's decoder returns only the mean over the alignment heads ([B, F] rather than [B, A, F]).
         self.alignment_is_mean = len(self.decoder.outputs.get("alignment_heads_weights", (0, 0, 0))) == 2
         self.channels = self.dims.n_text_state * self.dims.n_text_layer
