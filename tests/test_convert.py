@@ -395,6 +395,38 @@ def test_onnx_int8_decoder_close_to_torch(case, calls):
     assert (ref.logits.argmax(-1) == got[0].argmax(-1))[clear].all()
 
 
+def test_int8_tied_embedding_reads_the_quantized_rows(tmp_path):
+    """The hand-written MatMulNBits format (row blocks, zero point 128, scales) as ONNX Runtime reads it: the
+    embedding lookup returns exactly the dequantized rows, and the logits equal x @ dequantized^T up to the
+    kernel's 8-bit activations (>= 40 dB); the float32 embedding is gone from the graph."""
+    from onnx import TensorProto, helper
+
+    from whisperane.convert.quantize import dequantize_rows, quantize_int8, quantize_rows
+
+    rng = np.random.default_rng(0)
+    v, d = 1000, 64
+    emb = (rng.standard_normal((v, d)) * 0.05).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["token_embedding.weight", "ids"], ["rows"], axis=0),
+         helper.make_node("Gemm", ["x", "token_embedding.weight"], ["logits"], transB=1)],
+        "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3]), helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, d])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [3, d]), helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, v])],
+        [numpy_helper.from_array(emb, "token_embedding.weight")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "tied.onnx")
+    assert quantize_int8(tmp_path / "tied.onnx", tmp_path / "tied.int8.onnx") == 1
+    quantized = onnx.load(str(tmp_path / "tied.int8.onnx"))
+    assert "token_embedding.weight" not in {t.name for t in quantized.graph.initializer}
+    deq = dequantize_rows(*quantize_rows(emb, 32))
+    assert np.abs(deq - emb).max() <= np.abs(emb).max() / 254 + 1e-7  # half a step of the largest block
+    ids, x = np.array([0, 7, 999]), rng.standard_normal((2, d)).astype(np.float32)
+    rows, logits = ort_session(tmp_path / "tied.int8.onnx").run(None, {"ids": ids, "x": x})
+    np.testing.assert_allclose(rows, deq[ids], rtol=1e-6, atol=1e-7)
+    assert_psnr(x @ deq.T, logits, "MatMulNBits logits vs x @ dequantized", floor=40.0)
+
+
 def prefill_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The key and value tables [n_tasks, n_languages, d*L, P] stored in TextDecoderContextPrefill.onnx."""
     tables = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}

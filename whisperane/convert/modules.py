@@ -91,9 +91,6 @@ class LayerNormANE(nn.Module):
         return xc * torch.rsqrt(var + self.eps) * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
 
 
-LAYOUTS = ("ane", "btc")
-
-
 def projection(n_in: int, n_out: int, layout: str, bias: bool = True) -> nn.Module:
     """A dense projection of the channel axis: a 1x1 Conv2d on BC1S, a Linear on BTC."""
     if layout == "ane":
