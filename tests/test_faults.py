@@ -122,6 +122,23 @@ def _assert_names_file_and_fix(err: ModelError, path: Path, cause: str) -> None:
     ), message
 
 
+def test_bundle_without_int8_components(bundle):
+    """A bundle converted without int8 variants (an older converter): the default falls back to float32, an
+    explicit int8 request is a one-line error naming the bundle and the rebuild command; an unknown compute
+    type is refused."""
+    cfg = json.loads((bundle / CONFIG_NAME).read_text())
+    for entry in cfg["components"].values():
+        entry.pop("onnx-int8", None)
+    (bundle / CONFIG_NAME).write_text(json.dumps(cfg))
+    model = load_model(bundle)
+    assert model.compute_type == "float32" and model.decoder.name == "TextDecoder"
+    with pytest.raises(ModelError) as info:
+        load_model(bundle, compute_type="int8")
+    _assert_names_file_and_fix(info.value, bundle, "no int8 onnx components")
+    with pytest.raises(ModelError, match="unknown compute type 'int4'"):
+        load_model(bundle, compute_type="int4")
+
+
 @pytest.mark.parametrize("compute_type,name", [("default", "AudioEncoder.int8.onnx"), ("float32", "AudioEncoder.onnx")])
 def test_missing_component(bundle, compute_type, name):
     (bundle / name).unlink()

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .audio import HOP_LENGTH, N_SAMPLES
-from .bundle import BundleInfo, bundle_name, default_models_dir, verify_bundle
+from .bundle import BundleInfo, bundle_name, default_models_dir, rebuild_command, verify_bundle
 from .errors import ModelError
 from .executors import Component, open_component
 from .tokenizer import Tokenizer
@@ -83,7 +83,7 @@ class WhisperaneModel:
         cfg = self.info.config
         self.dims = self.info.dims
         fmt = "onnx" if executor == "onnx" else "coreml"
-        self.compute_type = resolve_compute_type(compute_type, executor, cfg)
+        self.compute_type = resolve_compute_type(compute_type, executor, cfg, bundle)
         variant = f"{fmt}-int8" if self.compute_type == "int8" else fmt
         wanted = ["MelSpectrogram", "AudioEncoder", "TextDecoder", "TextDecoderContextPrefill", "TextDecoderSequence"]
         rels: dict[str, str] = {}
@@ -272,15 +272,15 @@ class WhisperaneModel:
         return self._prefill_cache[key]
 
 
-def resolve_compute_type(compute_type: str, executor: str, config: dict) -> str:
+def resolve_compute_type(compute_type: str, executor: str, config: dict, bundle: Path) -> str:
     """"int8" or "float32". ``default`` is int8 where it pays: ONNX Runtime on the CPU (its int8 kernels halve the
     weight traffic of every decoder step), with a bundle that has int8 components; float32 otherwise."""
     if compute_type not in COMPUTE_TYPES:
         raise ModelError(f"unknown compute type {compute_type!r}; use {', '.join(COMPUTE_TYPES)}")
     has_int8 = any(f"{executor}-int8" in entry for entry in config.get("components", {}).values())
     if compute_type == "int8" and not has_int8:
-        raise ModelError(f"this bundle has no int8 {executor} components; rebuild it with: "
-                         f"whisperane convert {config.get('name', '<model>')} --force")  # fmt: skip
+        raise ModelError(f"{bundle}: the bundle has no int8 {executor} components; rebuild it with: "
+                         f"{rebuild_command(config, bundle)}")  # fmt: skip
     if compute_type == "default":
         from .executors import uses_cpu_only
 
