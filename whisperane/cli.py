@@ -53,7 +53,7 @@ def add_transcribe_parser(sub) -> None:
     p.add_argument("--executor", default="onnx", choices=["onnx", "coreml"])
     p.add_argument("--compute-units", default="ALL", help="Core ML compute units: ALL, CPU_ONLY, CPU_AND_GPU, CPU_AND_NE")
     p.add_argument("--compute-type", default="default", choices=["default", "int8", "float32"],
-                   help="decoder weights: int8 or float32 (default: int8 on the CPU when the bundle has it)")  # fmt: skip
+                   help="int8 or float32 encoder and decoder (default: int8 on the CPU when the bundle has it)")  # fmt: skip
     p.add_argument("--language", default=None, help="language code (e.g. en, de); detected when omitted")
     p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
     p.add_argument("--output-format", "-f", default="json", choices=OUTPUT_FORMATS)

@@ -216,7 +216,8 @@ def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, langua
             and result.no_speech_prob > options.no_speech_threshold
             and options.logprob_threshold is not None
             and result.avg_logprob < options.logprob_threshold
-        ):  # silence; a confident result (a loop at a tail of audio, say) still falls back (openai since v20240930)
+        ):  # silence; a confident result (a loop at a tail of audio, say) still falls back (openai-whisper's
+            # rule since late 2024, and faster-whisper's)
             needs_fallback = False
         if not needs_fallback:
             return result
