@@ -244,7 +244,8 @@ class WhisperaneModel:
     def forward_tokens(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow,
                        need_logits: bool = True) -> tuple[np.ndarray | None, np.ndarray | None]:  # fmt: skip
         """Run T tokens per sequence from ``state.length`` (tokens [B, T]); returns (logits [B, T, V],
-        alignment [B, A, T, F]). Uses TextDecoderSequence when the bundle has one, else T single steps.
+        alignment [B, A, T, F]). Uses TextDecoderSequence when the bundle has one and T > SHORT_SEQUENCE, else T
+        single steps.
 
         ``need_logits=False`` only fills the cache (a prompt whose predictions nobody reads): the vocabulary
         projection of every position, the larger part of the call, is then not computed; returns (None, None).

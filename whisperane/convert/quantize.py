@@ -100,11 +100,9 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32) -> int:
             n, k = inits[emb].dims
             add_quantized(emb, numpy_helper.to_array(inits[emb]))
             nodes += _gather_dequantized(emb, node.input[1], node.output[0], k)
-            added["q8/consts"] = [
-                numpy_helper.from_array(np.array(float(ZERO_POINT), np.float32), "q8/zero_point"),
-                numpy_helper.from_array(np.array([-1], np.int64), "q8/last_axis"),
-                numpy_helper.from_array(np.array([k], np.int64), "q8/embed_dim"),
-            ]
+            for name, value in (("q8/zero_point", np.array(float(ZERO_POINT), np.float32)),
+                                ("q8/last_axis", np.array([-1], np.int64)), ("q8/embed_dim", np.array([k], np.int64))):  # fmt: skip
+                added[name] = numpy_helper.from_array(value, name)
         else:
             nodes.append(node)
     if not replaced:
@@ -114,8 +112,7 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32) -> int:
     still_used = {i for node in graph.node for i in node.input}
     for name in replaced - still_used:
         graph.initializer.remove(inits[name])
-    for t in added.values():
-        graph.initializer.extend(t if isinstance(t, list) else [t])
+    graph.initializer.extend(added.values())
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, str(dst))
