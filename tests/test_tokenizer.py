@@ -9,6 +9,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers
 from faster_whisper.tokenizer import Tokenizer as FasterWhisperTokenizer
@@ -274,6 +275,21 @@ def test_runtime_tokenizer_matches_faster_whisper(checkpoint, texts, tmp_path):
                 assert ours.split_to_word_tokens(ids + [ours.eot]) == ref.split_to_word_tokens(
                     ids + [ours.eot]
                 )
+
+
+def test_decoding_matches_the_tokenizers_byte_level_decoder(checkpoint, tmp_path):
+    """The run side decodes from a byte table without `tokenizers`: every token alone, and random sequences
+    (which cut multi-byte characters, so the U+FFFD replacement rule is exercised), decode as `tokenizers` does."""
+    ours = _runtime_tokenizer(checkpoint, tmp_path, "en")
+    ref = checkpoint["shipped"]
+    n = ours.eot
+    singles = [ours.decode([t]) for t in range(n)]
+    assert singles == ref.decode_batch([[t] for t in range(n)], skip_special_tokens=False)
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(0, n, size=rng.integers(1, 40)).tolist() for _ in range(2000)]
+    assert [ours.decode(s) for s in sequences] == ref.decode_batch(sequences, skip_special_tokens=False)
+    assert any("\ufffd" in ours.decode(s) for s in sequences)
+    assert ours.vocabulary._backend is None  # decoding never loaded `tokenizers`
 
 
 def test_word_splitting_by_script(ct2_base_dir, tmp_path):

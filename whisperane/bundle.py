@@ -174,6 +174,7 @@ class BundleInfo:
     languages: dict
     alignment_heads: tuple[tuple[int, int], ...]
     suppress_tokens: tuple[int, ...]
+    suppress_blank_tokens: tuple[int, ...] | None  # None: computed from the tokenizer (" " and eot)
 
     @classmethod
     def load(cls, bundle: Path) -> BundleInfo:
@@ -190,6 +191,7 @@ class BundleInfo:
                 languages=dict(cfg["languages"]),
                 alignment_heads=tuple(tuple(h) for h in cfg["alignment_heads"]),
                 suppress_tokens=tuple(cfg["suppress_tokens"]),
+                suppress_blank_tokens=tuple(cfg["suppress_blank_tokens"]) if "suppress_blank_tokens" in cfg else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(f"{bundle / CONFIG_NAME}: malformed ({e}); rebuild with: {rebuild_command(cfg, bundle)}") from None

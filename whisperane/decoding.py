@@ -221,7 +221,8 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
 
     filters: list[LogitFilter] = []
     if options.suppress_blank:
-        filters.append(SuppressBlank([*tokenizer.encode(" "), tokenizer.eot], sample_begin))
+        blank = model.info.suppress_blank_tokens or (*tokenizer.encode(" "), tokenizer.eot)
+        filters.append(SuppressBlank(list(blank), sample_begin))
     if options.suppress_tokens:
         filters.append(SuppressTokens(suppress_token_ids(options.suppress_tokens, tokenizer, model.info.suppress_tokens)))
     if not options.without_timestamps:

@@ -1,17 +1,21 @@
-"""Whisper's tokenizer on the run side: a byte-level BPE (the `tokenizers` package) plus Whisper's specials.
+"""Whisper's tokenizer on the run side: a byte-level BPE vocabulary plus Whisper's specials.
 
 The bundle ships a complete ``tokenizer.json`` (timestamp tokens included) and, in its config, the ids of the
 special tokens and the language tokens; this module wraps both the way openai-whisper's ``Tokenizer`` does.
+
+Transcribing only decodes: token ids -> bytes -> text, done here from a table of each token's bytes. Encoding
+text (an initial prompt, a prefix) needs the BPE merges and goes through the `tokenizers` package, loaded on
+first use: loading it costs 30 MB of resident memory that a plain transcription never needs.
 """
 
 from __future__ import annotations
 
+import json
 import string
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-
-import tokenizers
 
 from .errors import ModelError, WhisperaneError
 
@@ -193,8 +197,71 @@ def non_speech_tokens(encode: Callable[[str], Sequence[int]]) -> tuple[int, ...]
     return tuple(sorted(result))
 
 
+def _byte_decoder() -> dict[int, str]:
+    """GPT-2's byte-level alphabet reversed: the printable character standing for each byte -> that byte
+    (as a one-character latin-1 string, for ``str.translate``)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    stand_ins = {b: b for b in printable}
+    for b in range(256):
+        if b not in stand_ins:
+            stand_ins[b] = 256 + len(stand_ins) - len(printable)
+    return {char: chr(b) for b, char in stand_ins.items()}
+
+
+class Vocabulary:
+    """A byte-level BPE ``tokenizer.json``: decoding from each token's bytes, encoding through `tokenizers`.
+
+    Decoding matches the `tokenizers` ByteLevel decoder: the tokens' bytes joined, invalid UTF-8 replaced by
+    U+FFFD (``String::from_utf8_lossy`` and Python's ``errors="replace"`` both replace each maximal invalid
+    subsequence).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                spec = json.loads(f.read())
+            model, decoder = spec["model"], spec.get("decoder") or {}
+            vocab: dict[str, int] = model["vocab"]
+            if model.get("type") != "BPE" or decoder.get("type") != "ByteLevel":
+                raise ValueError(f"not a byte-level BPE (model {model.get('type')}, decoder {decoder.get('type')})")
+            byte_decoder = _byte_decoder()
+            table = [b""] * (max(vocab.values()) + 1)
+            for text, index in vocab.items():
+                table[index] = text.translate(byte_decoder).encode("latin-1")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeError) as err:
+            raise ModelError(f"{self.path}: cannot load the tokenizer: {err}") from None
+        self.token_bytes: list[bytes] = table
+        self._backend = None
+        self._lock = threading.Lock()
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of regular (non-special) token ids."""
+        table = self.token_bytes
+        try:
+            return b"".join([table[t] for t in tokens]).decode("utf-8", errors="replace")
+        except IndexError:
+            raise ModelError(f"{self.path}: token id outside the vocabulary ({max(tokens)})") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    @property
+    def backend(self):
+        """The `tokenizers` Tokenizer for encoding, loaded on first use."""
+        with self._lock:
+            if self._backend is None:
+                import tokenizers
+
+                try:
+                    self._backend = tokenizers.Tokenizer.from_file(str(self.path))
+                except Exception as err:  # tokenizers raises a bare Exception on unreadable JSON
+                    raise ModelError(f"{self.path}: cannot load the tokenizer: {err}") from err
+            return self._backend
+
+
 class Tokenizer:
-    """openai-whisper's ``Tokenizer`` over a `tokenizers` BPE: text <-> ids, specials, word splitting.
+    """openai-whisper's ``Tokenizer`` over a byte-level BPE: text <-> ids, specials, word splitting.
 
     ``language`` is the transcript's language (None for a multilingual model whose language is still to be
     detected); English-only models always use ``"en"`` and a bare ``<|startoftranscript|>`` prefix.
@@ -202,7 +269,7 @@ class Tokenizer:
 
     def __init__(
         self,
-        tokenizer: tokenizers.Tokenizer,
+        vocabulary: Vocabulary,
         special: Mapping[str, int],
         languages: Mapping[str, int],
         multilingual: bool,
@@ -214,7 +281,7 @@ class Tokenizer:
             raise ModelError(f"tokenizer special-token table lacks {', '.join(missing)}")
         if task not in TASKS:
             raise WhisperaneError(f"unknown task '{task}'; use transcribe or translate")
-        self.tokenizer = tokenizer
+        self.vocabulary = vocabulary
         self.special = {key: int(special[key]) for key in SPECIAL_TOKEN_KEYS}
         self.languages = {code: int(token) for code, token in languages.items()}
         self.multilingual = multilingual
@@ -256,16 +323,12 @@ class Tokenizer:
         language: str | None = None,
         task: str = "transcribe",
     ) -> Tokenizer:
-        try:
-            backend = tokenizers.Tokenizer.from_file(str(tokenizer_json))
-        except Exception as err:  # tokenizers raises a bare Exception on unreadable JSON
-            raise ModelError(f"{tokenizer_json}: cannot load the tokenizer: {err}") from err
-        return cls(backend, special, languages, multilingual, language, task)
+        return cls(Vocabulary(tokenizer_json), special, languages, multilingual, language, task)
 
     def with_language(self, language: str | None, task: str | None = None) -> Tokenizer:
         """The same vocabulary with another language (e.g. once it has been detected) or task."""
         return Tokenizer(
-            self.tokenizer, self.special, self.languages, self.multilingual, language, task or self.task
+            self.vocabulary, self.special, self.languages, self.multilingual, language, task or self.task
         )
 
     @property
@@ -292,11 +355,11 @@ class Tokenizer:
         return self.timestamp_begin + index
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.vocabulary.encode(text)
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens``; special and timestamp tokens (ids >= eot) are dropped."""
-        return self.tokenizer.decode([int(t) for t in tokens if t < self.eot], skip_special_tokens=False)
+        return self.vocabulary.decode([int(t) for t in tokens if t < self.eot])
 
     def decode_with_timestamps(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` with timestamp tokens written as ``<|1.08|>``; other specials dropped."""
@@ -311,7 +374,7 @@ class Tokenizer:
 
     def _decode_piece(self, tokens: list[int]) -> str:
         # As openai-whisper (tiktoken) does, specials below the timestamps are not part of the text.
-        return self.tokenizer.decode([t for t in tokens if t < self.eot], skip_special_tokens=False)
+        return self.vocabulary.decode([t for t in tokens if t < self.eot])
 
     @cached_property
     def non_speech_tokens(self) -> tuple[int, ...]:
