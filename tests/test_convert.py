@@ -32,6 +32,7 @@ from whisperane.convert.cli import main
 from whisperane.convert.pipeline import convert
 from whisperane.dims import ModelDimensions
 from whisperane.errors import ModelError
+from whisperane.model import TokenTable
 
 MIN_PSNR = 35.0
 MASKED = -1e4
@@ -346,8 +347,9 @@ def test_onnx_decoder_sequence_matches_torch(case):
     )
 
 
-def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions):
-    """Run an ONNX Runtime variant that takes each cache as one input per layer from the contract's feeds."""
+def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions, table: TokenTable | None = None):
+    """Run an ONNX Runtime variant that takes each cache as one input per layer from the contract's feeds
+    (and, with ``table``, the token embeddings looked up on the host)."""
     d, n = dims.n_text_state, dims.n_text_layer
 
     def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -355,9 +357,32 @@ def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions):
         for name in ("key_cache", "value_cache", "encoder_attn_key_cache", "encoder_attn_value_cache"):
             t = split.pop(name)
             split.update({f"{name}_{i}": np.ascontiguousarray(t[:, i * d : (i + 1) * d]) for i in range(n)})
+        if table is not None:
+            split["token_embeddings"] = table.lookup(split["input_ids"])
         return session.run(None, split)
 
     return run
+
+
+INT8_ENCODER_PSNR = 28.0  # measured 31.7-42.9 dB (base cross K/V lowest; transcripts are checked in test_transcribe)
+
+
+@pytest.mark.slow
+def test_onnx_int8_encoder_close_to_torch(case):
+    """AudioEncoder.int8.onnx (dynamic int8 MatMuls) against the float32 torch encoder: the output and each
+    layer's cross K/V, which it returns one output per layer, within INT8_ENCODER_PSNR."""
+    path = case.bundle / case.info.config["components"]["AudioEncoder"]["onnx-int8"]
+    session = ort_session(path)
+    n, d = case.info.dims.n_text_layer, case.info.dims.n_text_state
+    names = [o.name for o in session.get_outputs()]
+    assert names == ["encoder_output_embeds", *(f"encoder_attn_{w}_cache_{i}" for w in ("key", "value") for i in range(n))]
+    out = dict(zip(names, session.run(None, {"melspectrogram_features": case.mel}), strict=True))
+    assert_psnr(case.encoder_output, out["encoder_output_embeds"], f"{case.name} AudioEncoder.int8.onnx embeds", floor=INT8_ENCODER_PSNR)
+    for i in range(n):
+        for which, ref in (("key", case.enc_k), ("value", case.enc_v)):
+            x = out[f"encoder_attn_{which}_cache_{i}"]
+            assert x.shape == (1, d, 1, ref.shape[-1])
+            assert_psnr(ref[:, i * d : (i + 1) * d], x, f"{case.name} AudioEncoder.int8.onnx {which} {i}", floor=INT8_ENCODER_PSNR)
 
 
 INT8_LOGITS_PSNR = 40.0  # measured 50.5-52.3 dB on logits, >= 50.9 dB on every output (tiny.en, base)
@@ -377,7 +402,9 @@ def test_onnx_int8_decoder_close_to_torch(case, calls):
     n_params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     assert floats < 0.15 * n_params, f"{floats} of {n_params} parameters left in float32"
     assert "MatMulNBits" in {node.op_type for node in model.graph.node}
-    run = per_layer_runner(ort_session(path), case.info.dims)
+    table_file = case.info.config["components"]["TextDecoderSequence"]["onnx-int8-embedding"]
+    table = TokenTable(case.bundle / table_file, case.info.dims.n_vocab, case.info.dims.n_text_state)
+    run = per_layer_runner(ort_session(path), case.info.dims, table)
     ref = case.torch_trace
     if calls == "one token per call":
         trace = decode_teacher_forced(run, case.tokens, case.enc_k, case.enc_v, case.info.cache_length, appending=True)
@@ -425,6 +452,18 @@ def test_int8_tied_embedding_reads_the_quantized_rows(tmp_path):
     rows, logits = ort_session(tmp_path / "tied.int8.onnx").run(None, {"ids": ids, "x": x})
     np.testing.assert_allclose(rows, deq[ids], rtol=1e-6, atol=1e-7)
     assert_psnr(x @ deq.T, logits, "MatMulNBits logits vs x @ dequantized", floor=40.0)
+
+    # The lookup on the host: the graph takes the rows as an input and the table file holds the same rows.
+    table_path = tmp_path / "table.npy"
+    assert quantize_int8(tmp_path / "tied.onnx", tmp_path / "host.int8.onnx", host_embedding=table_path) == 1
+    host = onnx.load(str(tmp_path / "host.int8.onnx"))
+    assert "Gather" not in {node.op_type for node in host.graph.node}
+    assert "token_embedding.weight" not in {t.name for t in host.graph.initializer}
+    table = TokenTable(table_path, v, d)
+    np.testing.assert_array_equal(table.lookup(ids), deq[ids])
+    host_rows, host_logits = ort_session(tmp_path / "host.int8.onnx").run(None, {"ids": ids, "x": x, "token_embeddings": table.lookup(ids)})
+    np.testing.assert_array_equal(host_rows, deq[ids])
+    np.testing.assert_array_equal(host_logits, logits)
 
 
 def prefill_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:

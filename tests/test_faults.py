@@ -139,7 +139,8 @@ def test_bundle_without_int8_components(bundle):
         load_model(bundle, compute_type="int4")
 
 
-@pytest.mark.parametrize("compute_type,name", [("default", "AudioEncoder.int8.onnx"), ("float32", "AudioEncoder.onnx")])
+@pytest.mark.parametrize("compute_type,name", [("default", "AudioEncoder.int8.onnx"), ("default", "TokenEmbedding.int8.npy"),
+                                                ("float32", "AudioEncoder.onnx")])  # fmt: skip
 def test_missing_component(bundle, compute_type, name):
     (bundle / name).unlink()
     with pytest.raises(ModelError) as info:
@@ -147,7 +148,8 @@ def test_missing_component(bundle, compute_type, name):
     _assert_names_file_and_fix(info.value, bundle / name, "missing")
 
 
-@pytest.mark.parametrize("compute_type,name", [("default", "TextDecoderSequence.int8.onnx"), ("float32", "TextDecoder.onnx")])
+@pytest.mark.parametrize("compute_type,name", [("default", "TextDecoderSequence.int8.onnx"), ("default", "TokenEmbedding.int8.npy"),
+                                                ("float32", "TextDecoder.onnx")])  # fmt: skip
 def test_truncated_component(bundle, compute_type, name):
     """The file the chosen compute type loads (int8 decoders by default on the CPU) is verified."""
     path = bundle / name
@@ -156,6 +158,16 @@ def test_truncated_component(bundle, compute_type, name):
     with pytest.raises(ModelError) as info:
         load_model(bundle, compute_type=compute_type)
     _assert_names_file_and_fix(info.value, path, "checksum mismatch")
+
+
+def test_int8_decoder_without_its_token_table(bundle):
+    """A config that lost the int8 decoder's token table entry: a one-line error with the rebuild command."""
+    cfg = json.loads((bundle / CONFIG_NAME).read_text())
+    del cfg["components"]["TextDecoderSequence"]["onnx-int8-embedding"]
+    (bundle / CONFIG_NAME).write_text(json.dumps(cfg))
+    with pytest.raises(ModelError) as info:
+        load_model(bundle)
+    _assert_names_file_and_fix(info.value, bundle, "needs a token table")
 
 
 def test_tampered_component_same_size(bundle):

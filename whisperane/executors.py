@@ -5,6 +5,7 @@ Both run the same components with the same tensor names, so everything above thi
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -133,6 +134,26 @@ class OnnxComponent:
         names = outputs or self._output_names  # ONNX Runtime runs only the nodes the requested outputs need
         values = self.session.run(names, feeds)
         return dict(zip(names, values, strict=True))
+
+
+def release_freed_memory() -> None:
+    """Hand the C heap's free pages back to the operating system (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    Creating a session parses the model, copies and prepacks its weights and frees the parsed copies; glibc
+    keeps freed pages mapped, so they stay in the resident set (measured after loading: 23 MB on tiny.en,
+    40 MB on base, returned by this call).
+    """
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def default_providers() -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 from .audio import HOP_LENGTH, N_SAMPLES
 from .bundle import BundleInfo, bundle_name, default_models_dir, rebuild_command, verify_bundle
 from .errors import ModelError
-from .executors import Component, open_component
+from .executors import Component, open_component, release_freed_memory
 from .tokenizer import Tokenizer
 
 MASKED = -1e4  # decoder_key_padding_mask value for positions not attended
@@ -28,11 +28,56 @@ SHORT_SEQUENCE = 4  # up to this many tokens, forward_tokens runs TextDecoder st
 
 @dataclass
 class EncodedWindow:
-    """Encoder results for one 30 s window; the cross K/V are shared (batch 1) by every decoded sequence."""
+    """Encoder results for one 30 s window; the cross K/V are shared (batch 1) by every decoded sequence.
+
+    The cross K/V come concatenated over layers ([1, d*L, 1, F], the contract's encoder) or as one [1, d, 1, F]
+    array per layer (the int8 encoder); ``layers`` and ``concatenated`` give either form of either.
+    """
 
     embeds: np.ndarray  # [1, d, 1, F]
-    key: np.ndarray | None  # [1, d*L, 1, F]
-    value: np.ndarray | None
+    key: np.ndarray | list[np.ndarray] | None
+    value: np.ndarray | list[np.ndarray] | None
+
+    def layers(self, which: str, n_layer: int) -> list[np.ndarray]:
+        """The cross keys (``which="key"``) or values of each layer: views of a concatenated array."""
+        cache = getattr(self, which)
+        if isinstance(cache, list):
+            return cache
+        d = cache.shape[1] // n_layer
+        # slices of one layer are contiguous views for batch 1 (no copy); larger batches are copied
+        return [np.ascontiguousarray(cache[:, i * d : (i + 1) * d]) for i in range(n_layer)]
+
+    def concatenated(self, which: str) -> np.ndarray | None:
+        cache = getattr(self, which)
+        if isinstance(cache, list):  # a decoder of the contract fed from the per-layer encoder: one copy, kept
+            cache = np.concatenate(cache, axis=1)
+            setattr(self, which, cache)
+        return cache
+
+
+class TokenTable:
+    """The int8 decoder's token embedding, looked up on the host from a memory-mapped ``.npy`` of packed rows
+    (each row: d uint8 values with zero point 128, then d / block fp32 block scales; written by the converter's
+    ``quantize.pack_rows``). Only the pages of looked-up tokens become resident."""
+
+    def __init__(self, path: Path, n_vocab: int, dim: int):
+        try:
+            self.rows = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{path}: unreadable token table ({e})") from None
+        extra = self.rows.shape[1] - dim if self.rows.ndim == 2 else 0
+        if self.rows.dtype != np.uint8 or self.rows.shape[0] != n_vocab or extra <= 0 or (4 * dim) % extra:
+            raise ModelError(f"{path}: not a [{n_vocab}, {dim} + scales] uint8 token table ({self.rows.dtype} {self.rows.shape})")
+        self.dim = dim
+        self.block = 4 * dim // extra
+
+    def lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """Token ids [B, T] -> float32 embeddings [B, T, d]."""
+        packed = self.rows[tokens]
+        lead = packed.shape[:-1]
+        q = packed[..., : self.dim].reshape(*lead, self.dim // self.block, self.block)
+        scales = np.ascontiguousarray(packed[..., self.dim :]).view("<f4")
+        return ((q.astype(np.float32) - 128.0) * scales[..., None]).reshape(*lead, self.dim)
 
 
 class DecoderState:
@@ -104,8 +149,9 @@ class WhisperaneModel:
         shared = variant != fmt and variant in components.get("TextDecoderSequence", {}) and variant not in components.get("TextDecoder", {})
         if shared:
             rels["TextDecoder"] = rels.pop("TextDecoderSequence")
+        table = components.get("TextDecoderSequence", {}).get(f"{variant}-embedding") if variant != fmt else None
         if verify:
-            verify_bundle(bundle, cfg, [*rels.values(), "tokenizer.json"], use_stamp=True)
+            verify_bundle(bundle, cfg, [*rels.values(), *([table] if table else []), "tokenizer.json"], use_stamp=True)
         threads = threads or int(os.environ.get("WHISPERANE_THREADS", "0")) or None
         self._open = lambda name: open_component(bundle, rels[name], executor, threads, compute_units)
         # The prefill table is opened on first use (only --prefill table needs it); TextDecoderSequence in the
@@ -115,13 +161,24 @@ class WhisperaneModel:
         if "TextDecoderSequence" in rels:
             background = ThreadPoolExecutor(max_workers=1)
             self._sequence = background.submit(self._open, "TextDecoderSequence")
+            self._sequence.add_done_callback(lambda _: release_freed_memory())
             background.shutdown(wait=False)
-        # Sessions are created side by side: their set-up (mapping and prepacking weights) runs outside the GIL.
-        with ThreadPoolExecutor(max_workers=min(4, len(eager))) as pool:
-            futures = {name: pool.submit(self._open, name) for name in eager}
+        # Sessions are created one after another, the largest first, each followed by returning the heap pages
+        # its set-up freed: side by side, their set-up copies (the parsed model, the weights before prepacking)
+        # coexist, which made loading the peak of a short file's run (base: 297 MB at load vs 216 MB; the same
+        # load time). The tokenizer is read meanwhile.
+        def open_all() -> dict[str, Component]:
+            opened = {}
+            for name in sorted(eager, key=lambda n: n != "TextDecoder"):
+                opened[name] = self._open(name)
+                release_freed_memory()
+            return opened
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            sessions = pool.submit(open_all)
             tokenizer = pool.submit(Tokenizer.from_files, bundle / "tokenizer.json", self.info.special_tokens,
                                     self.info.languages, self.info.multilingual)  # fmt: skip
-            self.components: dict[str, Component] = {name: f.result() for name, f in futures.items()}
+            self.components: dict[str, Component] = sessions.result()
             self._tokenizer = tokenizer.result()
         self.mel_component = self.components["MelSpectrogram"]
         self.encoder = self.components["AudioEncoder"]
@@ -129,6 +186,14 @@ class WhisperaneModel:
         if shared:
             self._sequence = Future()
             self._sequence.set_result(self.decoder)
+        release_freed_memory()
+        # The int8 decoder takes token embeddings, looked up here (TokenTable says why).
+        self.token_table = None
+        if "token_embeddings" in self.decoder.inputs:
+            if table is None:
+                raise ModelError(f"{bundle}: the int8 decoder needs a token table the config does not list; rebuild "
+                                 f"with: {rebuild_command(cfg, bundle)}")  # fmt: skip
+            self.token_table = TokenTable(bundle / table, self.dims.n_vocab, self.dims.n_text_state)
         # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
         self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
         # A multi-token decoder graph (the shared int8 variant): steps feed [B, 1] tokens and no update mask.
@@ -185,6 +250,11 @@ class WhisperaneModel:
 
     def encode(self, mel: np.ndarray) -> EncodedWindow:
         out = self.encoder.run({"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)})
+        if "encoder_attn_key_cache_0" in out:  # the per-layer (int8) encoder
+            n = self.dims.n_text_layer
+            keys = [out[f"encoder_attn_key_cache_{i}"] for i in range(n)]
+            values = [out[f"encoder_attn_value_cache_{i}"] for i in range(n)]
+            return EncodedWindow(out["encoder_output_embeds"], keys, values)
         return EncodedWindow(out["encoder_output_embeds"], out.get("encoder_attn_key_cache"), out.get("encoder_attn_value_cache"))
 
     # --- decoder side -----------------------------------------------------------------------------------
@@ -196,10 +266,14 @@ class WhisperaneModel:
         st.reset()
         return st
 
-    def _encoder_feeds(self, enc: EncodedWindow) -> dict[str, np.ndarray]:
-        if self.decoder_takes_embeds:
+    def _encoder_feeds(self, enc: EncodedWindow, component: Component) -> dict[str, np.ndarray]:
+        if "encoder_output_embeds" in component.inputs:
             return {"encoder_output_embeds": enc.embeds}
-        return {"encoder_attn_key_cache": enc.key, "encoder_attn_value_cache": enc.value}
+        if "encoder_attn_key_cache_0" in component.inputs:
+            n = self.dims.n_text_layer
+            return {f"encoder_attn_{which}_cache_{i}": cache
+                    for which in ("key", "value") for i, cache in enumerate(enc.layers(which, n))}  # fmt: skip
+        return {"encoder_attn_key_cache": enc.concatenated("key"), "encoder_attn_value_cache": enc.concatenated("value")}
 
     def step(self, state: DecoderState, tokens: np.ndarray, enc: EncodedWindow) -> tuple[np.ndarray, np.ndarray]:
         """Run one token per sequence at position ``state.length``; returns (logits [B, V], alignment [B, A, F])."""
@@ -228,11 +302,13 @@ class WhisperaneModel:
             "key_cache": state.key,
             "value_cache": state.value,
             "decoder_key_padding_mask": state.padding,
-            **self._encoder_feeds(enc),
+            **self._encoder_feeds(enc, component),
         }
+        if "token_embeddings" in component.inputs:
+            feeds["token_embeddings"] = self.token_table.lookup(tokens)
         if "key_cache_0" in component.inputs:  # the ONNX Runtime variant: one input per layer for each cache
             d, n = self.dims.n_text_state, self.dims.n_text_layer
-            for name in ("key_cache", "value_cache", "encoder_attn_key_cache", "encoder_attn_value_cache"):
+            for name in ("key_cache", "value_cache"):
                 cache = feeds.pop(name)
                 # slices of one layer are contiguous views for batch 1 (no copy); larger batches are copied
                 feeds.update({f"{name}_{i}": np.ascontiguousarray(cache[:, i * d : (i + 1) * d]) for i in range(n)})

@@ -66,9 +66,14 @@ def export_mel(module, path: Path) -> Path:
     return _export(module, (audio,), path, ["audio"], ["melspectrogram_features"], {})
 
 
-def export_encoder(module, dims: ModelDimensions, path: Path) -> Path:
+def export_encoder(module, dims: ModelDimensions, path: Path, per_layer: bool = False) -> Path:
+    """The contract's encoder, or (``per_layer``) one cross K and V output per decoder layer
+    (``encoder_attn_key_cache_{i}``, :class:`modules.PerLayerOutputs`)."""
     mel = torch.zeros(1, dims.n_mels, 1, 3000)
     outs = ["encoder_output_embeds", "encoder_attn_key_cache", "encoder_attn_value_cache"]
+    if per_layer:
+        module = modules.PerLayerOutputs(module)
+        outs = [outs[0], *(f"{name}_{i}" for name in outs[1:] for i in range(dims.n_text_layer))]
     dyn = {n: {0: "batch"} for n in ["melspectrogram_features", *outs]}
     return _export(module, (mel,), path, ["melspectrogram_features"], outs, dyn)
 

@@ -234,17 +234,42 @@ class AudioEncoder(nn.Module):
         self.cross_key = nn.ModuleList(projection(d, dims.n_text_state, layout, bias=False) for _ in range(dims.n_text_layer))
         self.cross_value = nn.ModuleList(projection(d, dims.n_text_state, layout) for _ in range(dims.n_text_layer))
 
-    def forward(self, mel: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def hidden_states(self, mel: Tensor) -> Tensor:
+        """The encoder output in this layout (before the cross-attention projections)."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x))
         x = from_bc1s(x + self.positional_embedding.unsqueeze(0).unsqueeze(2), self.layout)
         for block in self.blocks:
             x = block(x)
-        x = self.ln_post(x)
+        return self.ln_post(x)
+
+    def forward(self, mel: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = self.hidden_states(mel)
         channels = 1 if self.layout == "ane" else 2  # concatenated layer-major on the channel axis
         k = torch.cat([p(x) for p in self.cross_key], dim=channels)
         v = torch.cat([p(x) for p in self.cross_value], dim=channels)
         return to_bc1s(x, self.layout), to_bc1s(k, self.layout), to_bc1s(v, self.layout)
+
+
+class PerLayerOutputs(nn.Module):
+    """An encoder whose cross K/V come as one output per layer (for ONNX Runtime), in BC1S:
+    ``encoder_output_embeds``, L cross keys, L cross values.
+
+    Concatenating the layers' projections makes the encoder's peak memory the pieces plus the concatenation
+    (for base: 2 x 37 MB, the largest activation of the whole run); per-layer outputs are the pieces alone, and
+    the decoder takes them as per-layer inputs (:class:`PerLayerInputs`).
+    """
+
+    def __init__(self, encoder: AudioEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, mel: Tensor) -> tuple[Tensor, ...]:
+        enc = self.encoder
+        x = enc.hidden_states(mel)
+        keys = [to_bc1s(p(x), enc.layout) for p in enc.cross_key]
+        values = [to_bc1s(p(x), enc.layout) for p in enc.cross_value]
+        return (to_bc1s(x, enc.layout), *keys, *values)
 
 
 # --- TextDecoder ----------------------------------------------------------------------------------------

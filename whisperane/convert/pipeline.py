@@ -30,14 +30,16 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 6
+CONVERTER_REVISION = 7
 # Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
 # reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
 # the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one
 # session); the encoder, compute-bound on 1500 frames, with dynamically quantized MatMuls.
 INT8_COMPONENTS = ("AudioEncoder", "TextDecoderSequence")
+TOKEN_EMBEDDING_FILE = "TokenEmbedding.int8.npy"  # the int8 decoder's token lookup table, read by the host
 INT8_PRECISION = ("TextDecoderSequence (also the one-token decoder): int8 weights (MatMulNBits, blocks of 32), each "
-                  "cache one input per layer; AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel); "
+                  "cache one input per layer, token lookup on the host (TokenEmbedding.int8.npy, the same int8 rows); "
+                  "AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel), cross K/V one output per layer; "
                   "the rest float32")
 
 
@@ -149,7 +151,7 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     if "onnx" in formats:
         for name, export in (
             ("MelSpectrogram", lambda p, **kw: export_onnx.export_mel(mel, p)),
-            ("AudioEncoder", lambda p, **kw: export_onnx.export_encoder(encoder, dims, p)),
+            ("AudioEncoder", lambda p, **kw: export_onnx.export_encoder(encoder, dims, p, **kw)),
             ("TextDecoder", lambda p, **kw: export_onnx.export_decoder(decoder, dims, s, p)),
             ("TextDecoderSequence", lambda p, **kw: export_onnx.export_decoder_sequence(sequence, dims, s, p, **kw)),
             ("TextDecoderContextPrefill", lambda p, **kw: export_onnx.export_prefill(prefill, p)),
@@ -159,13 +161,15 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
             components.setdefault(name, {})["onnx"] = f"{name}.onnx"
             if name in INT8_COMPONENTS:
                 say(f"quantizing {name}.int8.onnx")
+                # per-layer cross caches: the encoder outputs them and the decoder reads them one layer each
+                staged = tmp / f".{name}.per-layer.onnx"
+                export(staged, per_layer=True)
                 if name == "AudioEncoder":
-                    quantize.quantize_dynamic_int8(tmp / f"{name}.onnx", tmp / f"{name}.int8.onnx")
-                else:
-                    staged = tmp / f".{name}.per-layer.onnx"
-                    export(staged, per_layer=True)
-                    quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx")
-                    staged.unlink()
+                    quantize.quantize_dynamic_int8(staged, tmp / f"{name}.int8.onnx")
+                else:  # the token lookup runs on the host, from a memory-mapped table (quantize.py says why)
+                    quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx", host_embedding=tmp / TOKEN_EMBEDDING_FILE)
+                    components[name]["onnx-int8-embedding"] = TOKEN_EMBEDDING_FILE
+                staged.unlink()
                 components[name]["onnx-int8"] = f"{name}.int8.onnx"
     if "coreml" in formats:
         from . import export_coreml

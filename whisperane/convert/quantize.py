@@ -9,6 +9,13 @@ embedding is quantized once and serves both of its uses: the logits ``Gemm(x, E,
 ``MatMulNBits`` over E's rows (the [N, K] layout MatMulNBits stores anyway) and the embedding ``Gather`` reads
 the same bytes and scales and dequantizes the rows it picks, so the largest tensor is held once, in int8.
 
+With ``host_embedding``, the lookup leaves the graph instead: the ``Gather`` becomes the graph input
+``token_embeddings`` [B, T, d] and the quantized rows are written to a ``.npy`` file of packed rows (each row's
+bytes, then its block scales' bytes: :func:`pack_rows`; read by ``whisperane.model.TokenTable``), which the host memory-maps and reads a few rows of per
+call. ONNX Runtime then holds the embedding once, prepacked for the logits, rather than twice (its prepacked
+copy and the bytes the ``Gather`` reads: 20 MB on tiny.en, 26.5 MB on base); the host's mapped file is resident
+only in the pages of the tokens it has looked up.
+
 Only the BTC-layout graphs have such MatMuls: the ANE layout's 1x1 convolutions are left as they are.
 
 Encoder (:func:`quantize_dynamic_int8`): ``MatMulNBits`` computes one token at a time well but is slower than
@@ -28,6 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .export_onnx import embedding_name
 
 BITS = 8
+TOKEN_EMBEDDINGS = "token_embeddings"  # the input that replaces the lookup with ``host_embedding``
 ZERO_POINT = 1 << (BITS - 1)  # MatMulNBits' default zero point when none is given
 
 
@@ -44,6 +52,12 @@ def quantize_rows(w: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarra
 def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """The inverse of :func:`quantize_rows`: [N, K] float32."""
     return ((q.astype(np.float32) - ZERO_POINT) * scales[..., None]).reshape(q.shape[0], -1)
+
+
+def pack_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """uint8 [N, K / b, b] and fp32 [N, K / b] -> uint8 [N, K + 4 K / b]: each row's bytes, then its scales."""
+    n = q.shape[0]
+    return np.concatenate([q.reshape(n, -1), np.ascontiguousarray(scales, dtype="<f4").view(np.uint8)], axis=1)
 
 
 def _matmul_nbits(a: str, weight: str, output: str, name: str, n: int, k: int, block_size: int) -> onnx.NodeProto:
@@ -69,8 +83,12 @@ def _gather_dequantized(emb: str, indices: str, output: str, k: int) -> list[onn
     ]
 
 
-def quantize_int8(src: Path, dst: Path, block_size: int = 32) -> int:
-    """Write ``src`` with int8 weights to ``dst``; returns the number of weight matrices quantized."""
+def quantize_int8(src: Path, dst: Path, block_size: int = 32, host_embedding: Path | None = None) -> int:
+    """Write ``src`` with int8 weights to ``dst``; returns the number of weight matrices quantized.
+
+    ``host_embedding``: write the token embedding's packed int8 rows there and take ``token_embeddings`` as an
+    input in place of the graph's lookup.
+    """
     model = onnx.load(str(src))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -96,6 +114,15 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32) -> int:
             n, k = inits[emb].dims
             add_quantized(emb, numpy_helper.to_array(inits[emb]))
             nodes.append(_matmul_nbits(node.input[0], emb, node.output[0], node.name + "/q8", n, k, block_size))
+        elif emb and node.op_type == "Gather" and node.input[0] == emb and host_embedding is not None:
+            n, k = inits[emb].dims
+            q, scales = quantize_rows(numpy_helper.to_array(inits[emb]), block_size)
+            np.save(host_embedding, pack_rows(q, scales))
+            index = next((i for i in graph.input if i.name == node.input[1]), None)
+            lead = [d.dim_param or d.dim_value for d in index.type.tensor_type.shape.dim] if index else ["batch", "tokens"]
+            graph.input.append(helper.make_tensor_value_info(TOKEN_EMBEDDINGS, TensorProto.FLOAT, [*lead, k]))
+            nodes.append(helper.make_node("Identity", [TOKEN_EMBEDDINGS], [node.output[0]], name=node.name + "/host"))
+            replaced.add(emb)
         elif emb and node.op_type == "Gather" and node.input[0] == emb:
             n, k = inits[emb].dims
             add_quantized(emb, numpy_helper.to_array(inits[emb]))
