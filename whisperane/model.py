@@ -26,6 +26,15 @@ MASKED = -1e4  # decoder_key_padding_mask value for positions not attended
 SHORT_SEQUENCE = 4  # up to this many tokens, forward_tokens runs TextDecoder steps (measured: 4 steps < 1 call)
 
 
+def layer_views(cache: np.ndarray, n_layer: int) -> list[np.ndarray]:
+    """A cache concatenated over layers on the channel axis [B, d*L, 1, T] -> L arrays [B, d, 1, T].
+
+    For batch 1 each layer's slice is contiguous, so these are views (no copy); larger batches are copied.
+    """
+    d = cache.shape[1] // n_layer
+    return [np.ascontiguousarray(cache[:, i * d : (i + 1) * d]) for i in range(n_layer)]
+
+
 @dataclass
 class EncodedWindow:
     """Encoder results for one 30 s window; the cross K/V are shared (batch 1) by every decoded sequence.
@@ -41,11 +50,7 @@ class EncodedWindow:
     def layers(self, which: str, n_layer: int) -> list[np.ndarray]:
         """The cross keys (``which="key"``) or values of each layer: views of a concatenated array."""
         cache = getattr(self, which)
-        if isinstance(cache, list):
-            return cache
-        d = cache.shape[1] // n_layer
-        # slices of one layer are contiguous views for batch 1 (no copy); larger batches are copied
-        return [np.ascontiguousarray(cache[:, i * d : (i + 1) * d]) for i in range(n_layer)]
+        return cache if isinstance(cache, list) else layer_views(cache, n_layer)
 
     def concatenated(self, which: str) -> np.ndarray | None:
         cache = getattr(self, which)
@@ -165,7 +170,7 @@ class WhisperaneModel:
             background.shutdown(wait=False)
         # Sessions are created one after another, the largest first, each followed by returning the heap pages
         # its set-up freed: side by side, their set-up copies (the parsed model, the weights before prepacking)
-        # coexist, which made loading the peak of a short file's run (base: 297 MB at load vs 216 MB; the same
+        # coexist, which made loading the peak of a short file's run (base: 297 -> 245 MB while loading, the same
         # load time). The tokenizer is read meanwhile.
         def open_all() -> dict[str, Component]:
             opened = {}
@@ -194,8 +199,6 @@ class WhisperaneModel:
                 raise ModelError(f"{bundle}: the int8 decoder needs a token table the config does not list; rebuild "
                                  f"with: {rebuild_command(cfg, bundle)}")  # fmt: skip
             self.token_table = TokenTable(bundle / table, self.dims.n_vocab, self.dims.n_text_state)
-        # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
-        self.decoder_takes_embeds = "encoder_output_embeds" in self.decoder.inputs
         # A multi-token decoder graph (the shared int8 variant): steps feed [B, 1] tokens and no update mask.
         self.decoder_appends = "kv_cache_update_mask" not in self.decoder.inputs and "input_ids" in self.decoder.inputs
         # WhisperKit's decoder returns only the mean over the alignment heads ([B, F] rather than [B, A, F]).
@@ -267,6 +270,7 @@ class WhisperaneModel:
         return st
 
     def _encoder_feeds(self, enc: EncodedWindow, component: Component) -> dict[str, np.ndarray]:
+        # WhisperKit's decoder projects the encoder output itself on every step (variant told apart by names).
         if "encoder_output_embeds" in component.inputs:
             return {"encoder_output_embeds": enc.embeds}
         if "encoder_attn_key_cache_0" in component.inputs:
@@ -307,11 +311,8 @@ class WhisperaneModel:
         if "token_embeddings" in component.inputs:
             feeds["token_embeddings"] = self.token_table.lookup(tokens)
         if "key_cache_0" in component.inputs:  # the ONNX Runtime variant: one input per layer for each cache
-            d, n = self.dims.n_text_state, self.dims.n_text_layer
             for name in ("key_cache", "value_cache"):
-                cache = feeds.pop(name)
-                # slices of one layer are contiguous views for batch 1 (no copy); larger batches are copied
-                feeds.update({f"{name}_{i}": np.ascontiguousarray(cache[:, i * d : (i + 1) * d]) for i in range(n)})
+                feeds.update({f"{name}_{i}": view for i, view in enumerate(layer_views(feeds.pop(name), self.dims.n_text_layer))})
         return feeds
 
     def _alignment(self, w: np.ndarray) -> np.ndarray:
