@@ -287,7 +287,8 @@ def _prefill(model, state, enc, initial, sot_index, tokenizer, options):
     if first > table_positions:
         model.forward_tokens(batch1, np.asarray([initial[table_positions:first]], dtype=np.int64), enc, need_logits=False)
     logits, align = model.forward_tokens(batch1, np.asarray([initial[first:]], dtype=np.int64), enc)
-    # With the table, the sot logits were never computed: WhisperKit's approximation takes the first row.
+    # Row 0 is <|startoftranscript|>'s; with the table, whose positions were never run, it is the first computed
+    # row instead (WhisperKit's approximation).
     no_speech_logits = logits[0, 0]
     no_speech_prob = float(np.exp(log_softmax(no_speech_logits.astype(np.float64))[tokenizer.no_speech]))
     if batch1 is not state:

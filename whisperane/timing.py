@@ -24,6 +24,8 @@ from typing import Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .decoding import logsumexp
+
 # One encoder frame covers two mel frames of 10 ms.
 TOKENS_PER_SECOND = 50
 MEL_FRAMES_PER_ENCODER_FRAME = 2
@@ -201,10 +203,8 @@ def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot
     """
     n = len(text_tokens)
     scores = np.asarray(logits, dtype=np.float32)[:n, :eot]
-    top = scores.max(axis=-1, keepdims=True)
-    log_norm = np.log(np.exp(scores - top).sum(axis=-1, dtype=np.float64))  # float32 exp, float64 sum
-    picked = scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)] - top[:, 0]
-    return np.exp(picked - log_norm)
+    picked = scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)]
+    return np.exp(picked - logsumexp(scores)[:, 0])
 
 
 def alignment_matrix(
