@@ -32,6 +32,8 @@ N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
 N_SAMPLES_PER_TOKEN = HOP_LENGTH * 2  # the encoder's conv stem halves the frame rate
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames per second
 TOKENS_PER_SECOND = SAMPLE_RATE // N_SAMPLES_PER_TOKEN  # 50 encoder frames per second
+INPUT_STRIDE = N_SAMPLES_PER_TOKEN // HOP_LENGTH  # 2 mel frames per encoder frame (and per timestamp token)
+TIME_PRECISION = N_SAMPLES_PER_TOKEN / SAMPLE_RATE  # 0.02 s: one encoder frame, one timestamp token
 
 RESAMPLE_QUALITY = "HQ"
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
+from .audio import TIME_PRECISION
 from .errors import ModelError, WhisperaneError
 
 # Whisper's languages, in the order of their tokens (<|en|> first); yue exists only in large-v3's vocabulary.
@@ -159,7 +160,6 @@ SPECIAL_TOKEN_KEYS = (
 # unicode characters instead.
 UNICODE_SPLIT_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 
-TIMESTAMP_RESOLUTION = 0.02  # seconds per timestamp token
 N_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>
 
 
@@ -351,7 +351,7 @@ class Tokenizer:
 
     def timestamp_token(self, seconds: float) -> int:
         """The id of ``<|seconds|>``, rounded to the 0.02 s grid and clamped to 0..30 s."""
-        index = min(max(round(seconds / TIMESTAMP_RESOLUTION), 0), N_TIMESTAMPS - 1)
+        index = min(max(round(seconds / TIME_PRECISION), 0), N_TIMESTAMPS - 1)
         return self.timestamp_begin + index
 
     def encode(self, text: str) -> list[int]:
@@ -366,7 +366,7 @@ class Tokenizer:
         outputs: list[str | list[int]] = [[]]
         for token in tokens:
             if token >= self.timestamp_begin:
-                outputs.append(f"<|{(token - self.timestamp_begin) * TIMESTAMP_RESOLUTION:.2f}|>")
+                outputs.append(f"<|{(token - self.timestamp_begin) * TIME_PRECISION:.2f}|>")
                 outputs.append([])
             else:
                 outputs[-1].append(int(token))  # type: ignore[union-attr]

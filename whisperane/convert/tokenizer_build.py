@@ -13,8 +13,9 @@ from pathlib import Path
 
 import tokenizers
 
+from ..audio import TIME_PRECISION
 from ..errors import ModelError
-from ..tokenizer import LANGUAGES, N_TIMESTAMPS, SPECIAL_TOKEN_KEYS, TIMESTAMP_RESOLUTION, non_speech_tokens
+from ..tokenizer import LANGUAGES, N_TIMESTAMPS, SPECIAL_TOKEN_KEYS, non_speech_tokens
 
 # Token text of each special, as the Whisper vocabularies spell them. ``<|nocaptions|>`` is the older name
 # of ``<|nospeech|>`` (the token id is the same).
@@ -33,7 +34,7 @@ MULTILINGUAL_MIN_VOCAB = 51865  # openai-whisper: n_vocab >= 51865 means multili
 
 
 def timestamp_text(index: int) -> str:
-    return f"<|{index * TIMESTAMP_RESOLUTION:.2f}|>"
+    return f"<|{index * TIME_PRECISION:.2f}|>"
 
 
 def build_tokenizer_json(
