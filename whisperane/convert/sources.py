@@ -99,6 +99,19 @@ HUB_MODELS: dict[str, str] = {
 }
 HUB_MODELS["large"] = "openai/whisper-large-v3"
 HUB_MODELS["turbo"] = "openai/whisper-large-v3-turbo"
+# Distil-Whisper (MIT): the names faster-whisper knows, from the repos in transformers' format.
+HUB_MODELS.update(
+    {
+        name: f"distil-whisper/{name}"
+        for name in (
+            "distil-small.en",
+            "distil-medium.en",
+            "distil-large-v2",
+            "distil-large-v3",
+            "distil-large-v3.5",
+        )
+    }
+)
 
 KNOWN_NAMES = tuple(dict.fromkeys([*OFFLINE_MODELS, *HUB_MODELS]))
 
@@ -430,42 +443,62 @@ def _resolve_hub(name: str, repo_id: str, progress: bool) -> ResolvedSource:
     try:
         import huggingface_hub
     except ImportError:
-        huggingface_hub = None
-
-    offline_hint = "pass a local checkpoint path"
-    if name in HUB_MODELS and name not in OFFLINE_MODELS:
-        offline_hint += f" (offline names: {', '.join(OFFLINE_MODELS)})"
-    if huggingface_hub is None:
         raise ModelError(
-            f"model '{name}' is not available offline and huggingface_hub is not installed; {offline_hint}"
-        )
+            f"model '{name}' comes from the Hugging Face hub and huggingface_hub is not installed "
+            f"(pip install 'whisperane[convert]'); {_local_checkpoint_hint(name, repo_id)}"
+        ) from None
 
-    path = None
-    try:  # a snapshot already in the local hub cache needs no network
-        path = huggingface_hub.snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=True)
-    except Exception:
-        path = None
+    path = _cached_snapshot(huggingface_hub, repo_id)
     if path is None:
         reason = _hub_unreachable_reason()
         if reason is not None:
             raise ModelError(
-                f"model '{name}' is not available offline and the Hugging Face hub is unreachable ({reason}); "
-                f"{offline_hint}"
+                f"model '{name}' is not in the Hugging Face cache and the hub is unreachable ({reason}); "
+                f"{_local_checkpoint_hint(name, repo_id)}"
             )
+        if progress:
+            print(f"whisperane: downloading '{name}' from the Hugging Face hub ({repo_id})", file=sys.stderr)
         try:
-            path = huggingface_hub.snapshot_download(
-                repo_id, allow_patterns=_HUB_PATTERNS, etag_timeout=_HUB_TIMEOUT_S
+            path = Path(
+                huggingface_hub.snapshot_download(
+                    repo_id, allow_patterns=_HUB_PATTERNS, etag_timeout=_HUB_TIMEOUT_S
+                )
             )
-        except Exception as err:
+        except Exception as err:  # the hub client raises many kinds (HTTP, OS, its own): report any in a line
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelError(
                 f"model '{name}': cannot download {repo_id} from the Hugging Face hub: {message}"
             ) from err
-    path = Path(path)
     fmt = detect_format(path)
     return ResolvedSource(
         name=name, path=path, format=fmt, sha256=source_fingerprint_of(path, fmt), origin=f"hf:{repo_id}"
     )
+
+
+def _cached_snapshot(huggingface_hub, repo_id: str) -> Path | None:
+    """The snapshot of ``repo_id`` in the local hub cache when it holds a whole Whisper checkpoint; None when
+    there is none or it lacks files (an interrupted download, or only the configs fetched by another tool)."""
+    try:
+        path = Path(
+            huggingface_hub.snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=True)
+        )
+        detect_format(path)
+    except Exception:  # not cached, incomplete, or not a Whisper checkpoint: the download decides
+        return None
+    return path
+
+
+def _local_checkpoint_hint(name: str, repo_id: str) -> str:
+    """The fix when the hub cannot serve ``name``: a local checkpoint, with the commands that make one."""
+    folder = repo_id.rsplit("/", 1)[-1]
+    hint = (
+        f"pass a local checkpoint instead: {repo_id}'s files in a directory (on a connected machine "
+        f"`hf download {repo_id} --local-dir {folder}`, copy it here, then use `{folder}` as the model), "
+        "a CTranslate2 directory or an OpenAI .pt file"
+    )
+    if name in HUB_MODELS:
+        hint += f"; names that need no hub: {', '.join(OFFLINE_MODELS)}"
+    return hint
 
 
 def _hub_unreachable_reason() -> str | None:
