@@ -1,0 +1,218 @@
+"""``whisperane batch`` on a local Ray (2 CPUs, 2 workers, tiny.en): one row per file, rows identical to
+transcribe()'s results, manifests' columns kept, resumption after a kill, the Parquet schema.
+
+Ray starts once for the module (the kill test starts its own in a subprocess, as a user's run would).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+from conftest import CORPUS_DIR, DATA_DIR, REPO_ROOT
+
+import whisperane
+from whisperane import batch
+from whisperane.batch_shards import RESULT_SCHEMA, read_shard
+
+pytestmark = pytest.mark.slow
+
+# Short English clips, each in both the shared corpus and tests/data (the corpus copy when it is there).
+CLIP_FILES = ["jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "1089-134691-0001.flac",
+              "LJ001-0002.flac", "LJ001-0008.flac"]  # fmt: skip
+
+
+def _clip_paths() -> list[Path]:
+    manifest = CORPUS_DIR / "manifest.jsonl"
+    if manifest.is_file():
+        entries = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+        by_name = {Path(e["audio"]).name: CORPUS_DIR / e["audio"] for e in entries}
+        if all(name in by_name and by_name[name].is_file() for name in CLIP_FILES):
+            return [by_name[name] for name in CLIP_FILES]
+    return [DATA_DIR / name for name in CLIP_FILES]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def audio_dir(tmp_path_factory) -> Path:
+    """The clips (one in a subdirectory) plus two bad files: text named .wav and a truncated FLAC."""
+    root = tmp_path_factory.mktemp("audio").resolve()
+    (root / "sub").mkdir()
+    for i, clip in enumerate(_clip_paths()):
+        shutil.copy(clip, root / ("sub" if i == 1 else ".") / clip.name)
+    (root / "notes.wav").write_text("not audio\n")
+    (root / "cut.flac").write_bytes((DATA_DIR / "LJ001-0008.flac").read_bytes()[:3000])
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_en_bundle, audio_dir) -> dict[str, dict]:
+    """transcribe()'s JSON for each good file, with the workers' thread count."""
+    model = whisperane.load_model(tiny_en_bundle, threads=1)
+    return {str(p): whisperane.transcribe(str(p), model=model).to_dict()
+            for p in sorted(audio_dir.rglob("*.flac")) if p.name != "cut.flac"}  # fmt: skip
+
+
+def _batch(*argv) -> tuple[int, list[str]]:
+    """``whisperane batch *argv`` in this process: (exit status, stderr lines)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = batch.main([str(a) for a in argv])
+    return code, err.getvalue().splitlines()
+
+
+def _rows(out: Path) -> list[dict]:
+    rows = [row for shard in sorted(out.glob("part-*")) for row in read_shard(shard)]
+    assert len({r["path"] for r in rows}) == len(rows), "a file has two rows"
+    return rows
+
+
+@pytest.fixture(scope="module")
+def directory_run(local_ray, tiny_en_bundle, audio_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("batch") / "out"
+    code, err = _batch(audio_dir, "--output", out, "--model", tiny_en_bundle, "--workers", 2, "--shard-size", 3)
+    return code, err, out
+
+
+def test_directory_gives_one_row_per_file(directory_run, audio_dir, reference):
+    code, err, out = directory_run
+    rows = {r["path"]: r for r in _rows(out)}
+    files = {str(p.resolve()) for p in audio_dir.rglob("*") if p.is_file()}
+    assert set(rows) == files and len(files) == len(CLIP_FILES) + 2
+    for path, expected in reference.items():
+        row = rows[path]
+        assert row["error"] is None
+        assert {k: row[k] for k in expected} == expected  # text, language, duration, segments with words
+        assert row["text"] == expected["text"] and expected["text"].strip()
+    for name in ("notes.wav", "cut.flac"):
+        row = rows[str(audio_dir / name)]
+        assert row["text"] is None and row["segments"] is None
+        assert row["error"].startswith(f"{audio_dir / name}: not a valid") and "\n" not in row["error"]
+    assert code == 1
+    assert f"whisperane: error: 2 of {len(files)} file(s) failed; their rows in {out} hold the errors" in err
+    assert sum(line.startswith("whisperane: error: ") for line in err) == 3  # the two files, then the count
+    assert any(line.startswith(f"whisperane: {len(files)}/{len(files)} files, ") and "RTF" in line for line in err)
+
+
+def test_rerun_skips_rows_and_retries_errors_on_request(directory_run, audio_dir, tiny_en_bundle, tmp_path):
+    _, _, first = directory_run
+    out = tmp_path / "out"
+    shutil.copytree(first, out)
+    before = {p.name: p.read_bytes() for p in out.glob("part-*")}
+    args = (audio_dir, "--output", out, "--model", tiny_en_bundle, "--workers", 2, "--shard-size", 3)
+    code, err = _batch(*args)
+    assert code == 1 and {p.name: p.read_bytes() for p in out.glob("part-*")} == before
+    assert any("8 of 8 file(s) already have rows" in line and "(2 with errors" in line for line in err)
+    code, err = _batch(*args, "--retry-errors")
+    rows = _rows(out)
+    assert code == 1 and len(rows) == len(CLIP_FILES) + 2
+    retried = [json.loads(line) for p in set(out.glob("part-*")) - {out / n for n in before} for line in p.open()]
+    assert sorted(r["path"] for r in retried) == sorted(str(audio_dir / n) for n in ("cut.flac", "notes.wav"))
+    assert all(r["error"] for r in retried)
+
+
+def _write_manifest(kind: str, path: Path, rows: list[dict]) -> None:
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif kind == "csv":
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_manifest_keeps_its_columns(kind, local_ray, tiny_en_bundle, audio_dir, reference, tmp_path):
+    tmp_path = tmp_path.resolve()  # the manifest's relative paths are resolved from its real directory
+    listed = [
+        {"path": os.path.relpath(audio_dir / "LJ001-0008.flac", tmp_path), "id": "lj8", "speaker": 7,
+         "text": "has never been surpassed."},
+        {"path": str(audio_dir / "notes.wav"), "id": "bad", "speaker": 9, "text": "none"},
+    ]  # fmt: skip
+    if kind == "csv":
+        listed = [{k: str(v) for k, v in row.items()} for row in listed]  # CSV values are text
+    manifest = tmp_path / f"manifest.{kind}"
+    _write_manifest(kind, manifest, listed)
+    out = tmp_path / "out"
+    fmt = "parquet" if kind == "parquet" else "jsonl"
+    code, err = _batch(manifest, "--output", out, "--model", tiny_en_bundle, "--workers", 1, "--format", fmt)
+    assert code == 1, err
+    rows = sorted(_rows(out), key=lambda r: r["id"])
+    assert [(r["id"], r["speaker"], r["input_text"]) for r in rows] == sorted(
+        (r["id"], r["speaker"], r["text"]) for r in listed
+    )
+    good, bad = rows[1], rows[0]
+    assert good["path"] == str(audio_dir / "LJ001-0008.flac") and good["text"] == reference[good["path"]]["text"]
+    assert bad["text"] is None and bad["error"].startswith(str(audio_dir / "notes.wav"))
+    if kind == "parquet":  # the whole directory reads back as one table with the documented schema
+        table = pq.read_table(out)
+        input_schema = pa.Table.from_pylist(listed).rename_columns(["path", "id", "speaker", "input_text"]).schema
+        assert table.schema.remove_metadata() == pa.schema([*input_schema, *RESULT_SCHEMA])
+        assert table.num_rows == 2
+
+
+def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, audio_dir, tiny_en_bundle, tmp_path):
+    _, _, complete = directory_run
+    out = tmp_path / "out"
+    args = [audio_dir, "--output", out, "--model", tiny_en_bundle, "--workers", 2, "--shard-size", 1]
+    proc = subprocess.Popen([sys.executable, "-m", "whisperane.batch", *map(str, args)], cwd=REPO_ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(out.glob("part-*"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        proc.wait()
+    first = {p: p.read_bytes() for p in out.glob("part-*")}
+    assert 2 <= len(first) < len(CLIP_FILES) + 2, "the run was not killed midway"
+    (out / ".tmp-part-0-00009.jsonl.1").write_text('{"path": "half a row')  # as a kill during a write leaves
+    code, err = _batch(*args)
+    assert code == 1
+    assert {p: p.read_bytes() for p in first} == first  # shards of the killed run untouched
+    assert not list(out.glob(".tmp-*"))
+    rows = _rows(out)
+    redone = [r["path"] for p in set(out.glob("part-*")) - set(first) for r in read_shard(p)]
+    done_before = [r["path"] for p in first for r in read_shard(p)]
+    assert sorted(redone + done_before) == sorted(r["path"] for r in rows) and not set(redone) & set(done_before)
+    assert sorted(rows, key=lambda r: r["path"]) == sorted(_rows(complete), key=lambda r: r["path"])
+
+
+def test_transcribe_dataset_returns_a_ray_dataset(local_ray, tiny_en_bundle, audio_dir, reference):
+    path = str(audio_dir / "LJ001-0002.flac")
+    rows = batch.transcribe_dataset([path], tiny_en_bundle, workers=1).take_all()
+    assert [(r["path"], r["text"], r["error"]) for r in rows] == [(path, reference[path]["text"], None)]
+
+
+def test_bad_invocations_fail_in_one_line(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"file": "a.wav"}\n')
+    cases = [
+        ((tmp_path / "missing", "-o", tmp_path / "o"), 1, "no such file or directory"),
+        ((manifest, "-o", tmp_path / "o"), 1, "the manifest has no 'path' column (columns: file)"),
+        ((tmp_path, "-o", tmp_path / "o", "--workers", "0"), 2, "--workers must be >= 1"),
+    ]
+    for argv, status, message in cases:
+        code, err = _batch(*argv)
+        assert (code, len(err)) == (status, 1) and message in err[0] and err[0].startswith("whisperane: error: ")
