@@ -366,7 +366,7 @@ class Bench:
 
     def bundle(self, model: str) -> Path:
         if model not in self._bundles:
-            from whisperane.model import resolve_bundle
+            from whisperane.bundle import resolve_bundle
 
             self._bundles[model] = resolve_bundle(model).resolve()  # converts it on first use (minutes)
         return self._bundles[model]
@@ -484,7 +484,7 @@ class Bench:
         self.split([("jfk", jfk.path, jfk.duration), ("1 min", one_minute.path, one_minute.duration)])
 
     def split(self, files: Sequence[tuple[str, Path, float]]) -> None:
-        from whisperane.model import load_model
+        from whisperane.loading import load_model
         from whisperane.transcribe import transcribe
 
         emit("\n### whisperane time split (in-process, model loaded and warmed up on JFK first)\n")
@@ -523,7 +523,7 @@ class Bench:
             return self.clip_results[model]
         from faster_whisper import WhisperModel
 
-        from whisperane.model import load_model
+        from whisperane.loading import load_model
 
         clips = self.english if self.fixed_language(model) else self.corpus
         lang = self.fixed_language(model)

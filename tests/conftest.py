@@ -165,7 +165,7 @@ def teacher_forced_tokens(bundle: Path, clip: Clip) -> list[int]:
 
 @pytest.fixture(scope="module")
 def model(tiny_en_bundle):
-    from whisperane.model import load_model
+    from whisperane.loading import load_model
 
     return load_model(tiny_en_bundle)
 
@@ -173,10 +173,10 @@ def model(tiny_en_bundle):
 @pytest.fixture
 def run(model, monkeypatch, capsys):
     """``run(*argv)`` -> (exit code, stdout, stderr lines) of ``whisperane transcribe *argv`` in this process."""
-    import whisperane.model
+    import whisperane.loading
     from whisperane import cli
 
-    monkeypatch.setattr(whisperane.model, "load_model", lambda *a, **k: model)
+    monkeypatch.setattr(whisperane.loading, "load_model", lambda *a, **k: model)
 
     def run(*argv):
         code = cli.main(["transcribe", *map(str, argv)])

@@ -33,21 +33,21 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny(tiny_en_bundle):
-    from whisperane.model import load_model
+    from whisperane.loading import load_model
 
     return load_model(tiny_en_bundle, threads=2, compute_type="float32")
 
 
 @pytest.fixture(scope="module")
 def base(base_bundle):
-    from whisperane.model import load_model
+    from whisperane.loading import load_model
 
     return load_model(base_bundle, threads=2, compute_type="float32")
 
 
 @pytest.fixture(scope="module")
 def tiny_int8(tiny_en_bundle):
-    from whisperane.model import load_model
+    from whisperane.loading import load_model
 
     m = load_model(tiny_en_bundle, threads=2, compute_type="int8")
     assert m.decoder.name == "TextDecoderSequence.int8" and m.sequence is m.decoder  # one session for both uses
@@ -56,7 +56,7 @@ def tiny_int8(tiny_en_bundle):
 
 @pytest.fixture(scope="module")
 def base_int8(base_bundle):
-    from whisperane.model import load_model
+    from whisperane.loading import load_model
 
     return load_model(base_bundle, threads=2, compute_type="int8")
 

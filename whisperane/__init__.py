@@ -6,7 +6,15 @@ __version__ = "0.1.0"
 
 # Bound after the submodules are imported, so `whisperane.transcribe` is the function (as in openai-whisper),
 # not the module of the same name.
-from .model import load_model  # noqa: E402
-from .transcribe import transcribe  # noqa: E402
+from .decoding import DecodingResult  # noqa: E402
+from .errors import AudioError, ModelError, OptionsError, OutputError, WhisperaneError  # noqa: E402
+from .loading import load_model  # noqa: E402
+from .model import WhisperaneModel  # noqa: E402
+from .options import DecodingOptions, TranscribeOptions  # noqa: E402
+from .transcribe import Segment, TranscriptionResult, Word, transcribe  # noqa: E402
 
-__all__ = ["__version__", "load_model", "transcribe"]
+__all__ = [
+    "AudioError", "DecodingOptions", "DecodingResult", "ModelError", "OptionsError", "OutputError", "Segment",
+    "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "WhisperaneModel", "Word", "__version__",
+    "load_model", "transcribe",
+]  # fmt: skip

@@ -196,6 +196,36 @@ class BundleInfo:
         except (KeyError, TypeError, ValueError) as e:
             raise ModelError(f"{bundle / CONFIG_NAME}: malformed ({e}); rebuild with: {rebuild_command(cfg, bundle)}") from None
 
-    def component_file(self, name: str, fmt: str) -> Path | None:
-        rel = self.config.get("components", {}).get(name, {}).get(fmt)
+    def component(self, name: str, variant: str) -> str | None:
+        """The bundle-relative path of a component's variant (``onnx``, ``onnx-int8``, ``coreml_stateful``...)."""
+        return self.config.get("components", {}).get(name, {}).get(variant)
+
+    def component_file(self, name: str, variant: str) -> Path | None:
+        rel = self.component(name, variant)
         return None if rel is None else self.path / rel
+
+
+def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True) -> Path:
+    """A bundle directory for a model name or path; converts the named model on first use."""
+    p = Path(name_or_path)
+    if p.is_dir() and (p / CONFIG_NAME).is_file():
+        return p
+    candidate = default_models_dir() / bundle_name(name_or_path)
+    if (candidate / CONFIG_NAME).is_file():
+        return candidate
+    if not convert_missing:
+        raise ModelError(f"no bundle for {name_or_path!r} in {candidate.parent}; build it with: whisperane convert {name_or_path}")
+    try:
+        from .convert.pipeline import convert
+    except ImportError as e:
+        raise ModelError(
+            f"model {name_or_path!r} is not converted yet and the build side is not installed ({e.name} missing); "
+            "install with: pip install torch==2.13.0 'whisperane[convert]'"
+        ) from None
+    return convert(str(name_or_path), progress=_stderr_progress)
+
+
+def _stderr_progress(msg: str) -> None:
+    import sys
+
+    print(f"whisperane: {msg}", file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -24,62 +25,41 @@ from pathlib import Path
 
 from . import __version__
 from .errors import WhisperaneError
+from .writers import OUTPUT_FORMATS, SUBTITLE_OPTIONS
 
 AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".mp4", ".aac", ".webm", ".wma", ".aiff", ".aif", ".mkv", ".mov"}
-OUTPUT_FORMATS = ("json", "txt", "srt", "vtt", "tsv", "all")
 
 
 def _error(msg: str) -> None:
     print(f"whisperane: error: {msg}", file=sys.stderr, flush=True)
 
 
-def _str2bool(v: str) -> bool:
-    if v.lower() in ("true", "1", "yes"):
-        return True
-    if v.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
-
-
-def _optional_float(v: str) -> float | None:
-    return None if v.lower() == "none" else float(v)
-
-
 def add_transcribe_parser(sub) -> None:
+    from .options import add_option_arguments, str2bool
+
     p = sub.add_parser("transcribe", help="transcribe audio files to timestamped text",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("audio", nargs="+", help="audio files or directories of audio files")
+    add_model_arguments(p)
+    p.add_argument("--output-format", "-f", default="json", choices=(*OUTPUT_FORMATS, "all"))
+    p.add_argument("--output-dir", "-o", default=".", help="directory for the outputs; '-' prints JSON to stdout")
+    p.add_argument("--overwrite", action="store_true", help="transcribe again files whose outputs are complete")
+    add_option_arguments(p)
+    for name in SUBTITLE_OPTIONS:
+        kind = str2bool if name == "highlight_words" else int
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=False if kind is str2bool else None)
+    p.add_argument("--progress", type=str2bool, default=None, help="progress bar on stderr (default: for long audio on a terminal)")
+    p.add_argument("--verbose", action="store_true", help="print each segment as it is decoded")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that pick and load a model (shared by ``transcribe`` and ``batch``)."""
     p.add_argument("--model", default="tiny.en", help="model name (converted on first use) or bundle directory")
     p.add_argument("--executor", default="onnx", choices=["onnx", "coreml"])
     p.add_argument("--compute-units", default="ALL", help="Core ML compute units: ALL, CPU_ONLY, CPU_AND_GPU, CPU_AND_NE")
     p.add_argument("--compute-type", default="default", choices=["default", "int8", "float32"],
                    help="int8 or float32 encoder and decoder (default: int8 on the CPU when the bundle has it)")  # fmt: skip
-    p.add_argument("--language", default=None, help="language code (e.g. en, de); detected when omitted")
-    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
-    p.add_argument("--output-format", "-f", default="json", choices=OUTPUT_FORMATS)
-    p.add_argument("--output-dir", "-o", default=".", help="directory for the outputs; '-' prints JSON to stdout")
-    p.add_argument("--overwrite", action="store_true", help="transcribe again files whose outputs are complete")
-    p.add_argument("--word-timestamps", dest="word_timestamps", action="store_true", default=True)
-    p.add_argument("--no-word-timestamps", dest="word_timestamps", action="store_false")
-    p.add_argument("--temperature", type=float, default=0.0, help="first sampling temperature")
-    p.add_argument("--temperature-increment-on-fallback", type=_optional_float, default=0.2,
-                   help="added to the temperature on each fallback; none disables fallback")  # fmt: skip
-    p.add_argument("--best-of", type=int, default=5, help="samples at temperature > 0")
-    p.add_argument("--initial-prompt", default=None)
-    p.add_argument("--condition-on-previous-text", type=_str2bool, default=True)
-    p.add_argument("--compression-ratio-threshold", type=_optional_float, default=2.4)
-    p.add_argument("--logprob-threshold", type=_optional_float, default=-1.0)
-    p.add_argument("--no-speech-threshold", type=_optional_float, default=0.6)
-    p.add_argument("--clip-timestamps", default="0", help="start,end,start,end,... seconds to transcribe")
-    p.add_argument("--hallucination-silence-threshold", type=_optional_float, default=None)
-    p.add_argument("--prefill", default="exact", choices=["exact", "table"], help="exact prefix or the prefill lookup table")
-    p.add_argument("--max-line-width", type=int, default=None)
-    p.add_argument("--max-line-count", type=int, default=None)
-    p.add_argument("--max-words-per-line", type=int, default=None)
-    p.add_argument("--highlight-words", type=_str2bool, default=False)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for the executor (0: all cores)")
-    p.add_argument("--progress", type=_str2bool, default=None, help="progress bar on stderr (default: for long audio on a terminal)")
-    p.add_argument("--verbose", action="store_true", help="print each segment as it is decoded")
 
 
 @dataclass(frozen=True)
@@ -134,19 +114,13 @@ def _output_owner(jobs: list[_Job], formats: str) -> dict[str, str]:
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
-    from .audio import open_audio
-    from .model import load_model
-    from .transcribe import transcribe
-    from .writers import WriteJSON, get_writer, outputs_complete
+    from .options import options_from_args
+    from .writers import outputs_complete
 
-    for name, value in (("--threads", args.threads), ("--best-of", args.best_of)):
-        if value is not None and value < 0:
-            _error(f"{name} must be >= 0")
-            return 2
-    if args.temperature_increment_on_fallback:
-        temps = tuple(round(t, 4) for t in _frange(args.temperature, 1.0 + 1e-6, args.temperature_increment_on_fallback))
-    else:
-        temps = (args.temperature,)
+    if args.threads is not None and args.threads < 0:
+        _error("--threads must be >= 0")
+        return 2
+    options = options_from_args(args)  # an OptionsError is one line and exit 1, before any file is read
     to_stdout = args.output_dir == "-"
     if not to_stdout:
         try:
@@ -163,70 +137,86 @@ def run_transcribe(args: argparse.Namespace) -> int:
             todo.append(job)
         else:
             print(f"whisperane: {job.path}: outputs complete, skipped (use --overwrite)", file=sys.stderr)
-    writer_opts = {k: getattr(args, k) for k in ("max_line_width", "max_line_count", "max_words_per_line", "highlight_words")}
-    model = None  # loaded when the first readable file needs it: bad inputs fail fast, without a model
     failures: list[tuple[str, str]] = []
+    run = _FileRunner(args, options, to_stdout)
     for job in todo:
-        path = job.path
-        t0 = time.time()
         try:
-            if os.path.isdir(path):
-                raise WhisperaneError(f"{path}: directory holds no audio files")
-            if path in clashes:
-                raise WhisperaneError(
-                    f"{path}: its outputs would overwrite those of {clashes[path]} (same name); "
-                    "rename one of them or transcribe them into separate output directories"
-                )
-            stream = open_audio(path)
-            try:
-                if model is None:
-                    try:
-                        model = load_model(args.model, executor=args.executor, threads=args.threads or None,
-                                           compute_units=args.compute_units, compute_type=args.compute_type)  # fmt: skip
-                    except WhisperaneError as e:
-                        raise _ModelUnavailable(str(e)) from None
-                bar = _progress_bar(args.progress, stream.duration, path)
-                try:
-                    result = transcribe(
-                        stream, model, language=args.language, task=args.task, word_timestamps=args.word_timestamps,
-                        progress=bar.update if bar else None, temperature=temps, best_of=args.best_of,
-                        initial_prompt=args.initial_prompt, condition_on_previous_text=args.condition_on_previous_text,
-                        compression_ratio_threshold=args.compression_ratio_threshold, logprob_threshold=args.logprob_threshold,
-                        no_speech_threshold=args.no_speech_threshold, clip_timestamps=args.clip_timestamps,
-                        hallucination_silence_threshold=args.hallucination_silence_threshold, prefill=args.prefill,
-                    )  # fmt: skip
-                finally:
-                    if bar:
-                        bar.close()
-            finally:
-                stream.close()
-            data = result.to_dict()
-            if args.verbose:
-                for s in data["segments"]:
-                    print(f"[{s['start']:8.2f} --> {s['end']:8.2f}] {s['text']}", file=sys.stderr)
-            if to_stdout:
-                sys.stdout.write(WriteJSON(".").render(data))
-                sys.stdout.flush()
-            else:
-                written = get_writer(args.output_format, job.output_dir)(data, path, writer_opts)
-                names = ", ".join(str(w) for w in (written if isinstance(written, list) else [written]))
-                print(f"whisperane: {path} -> {names} ({time.time() - t0:.2f} s)", file=sys.stderr)
+            run(job, clashes)
         except _ModelUnavailable as e:
             _error(str(e))  # no file can be transcribed without the model
             return 1
         except WhisperaneError as e:
-            failures.append((path, _report(str(e))))
+            failures.append((job.path, _report(str(e))))
         except (ValueError, OSError) as e:
-            failures.append((path, _report(f"{path}: {_describe(e)}")))
+            failures.append((job.path, _report(f"{job.path}: {_describe(e)}")))
         except Exception as e:  # noqa: BLE001 - one bad file must not end a batch, nor print a traceback
             if os.environ.get("WHISPERANE_DEBUG"):
                 raise
-            failures.append((path, _report(f"{path}: internal error ({_describe(e)}); set WHISPERANE_DEBUG=1 for a traceback")))
+            failures.append((job.path, _report(f"{job.path}: internal error ({_describe(e)}); set WHISPERANE_DEBUG=1 for a traceback")))
     if failures and len(todo) > 1:
         print(f"whisperane: {len(failures)} of {len(todo)} file(s) failed:", file=sys.stderr)
         for _path, msg in failures:
             print(f"  {msg}", file=sys.stderr)
     return 1 if failures else 0
+
+
+class _FileRunner:
+    """Transcribes one job and writes its outputs; the model is loaded when the first readable file needs it,
+    so bad inputs fail fast, without a model."""
+
+    def __init__(self, args: argparse.Namespace, options, to_stdout: bool):
+        self.args, self.options, self.to_stdout = args, options, to_stdout
+        self.model = None
+        self.writer_options = {k: getattr(args, k) for k in SUBTITLE_OPTIONS}
+
+    def _load(self):
+        from . import loading
+
+        a = self.args
+        try:
+            return loading.load_model(a.model, executor=a.executor, threads=a.threads or None,
+                                      compute_units=a.compute_units, compute_type=a.compute_type)  # fmt: skip
+        except WhisperaneError as e:
+            raise _ModelUnavailable(str(e)) from None
+
+    def __call__(self, job: _Job, clashes: dict[str, str]) -> None:
+        from .audio import open_audio
+
+        transcribing = importlib.import_module(f"{__package__}.transcribe")  # the package binds the function
+
+        path, args, t0 = job.path, self.args, time.time()
+        if os.path.isdir(path):
+            raise WhisperaneError(f"{path}: directory holds no audio files")
+        if path in clashes:
+            raise WhisperaneError(f"{path}: its outputs would overwrite those of {clashes[path]} (same name); "
+                                  "rename one of them or transcribe them into separate output directories")  # fmt: skip
+        stream = open_audio(path)
+        try:
+            self.model = self.model or self._load()
+            bar = _progress_bar(args.progress, stream.duration, path)
+            try:
+                result = transcribing.transcribe(stream, self.model, progress=bar.update if bar else None,
+                                                 **self.options.to_kwargs())  # fmt: skip
+            finally:
+                if bar:
+                    bar.close()
+        finally:
+            stream.close()
+        self._write(job, result.to_dict(), t0)
+
+    def _write(self, job: _Job, data: dict, t0: float) -> None:
+        from .writers import WriteJSON, get_writer
+
+        if self.args.verbose:
+            for s in data["segments"]:
+                print(f"[{s['start']:8.2f} --> {s['end']:8.2f}] {s['text']}", file=sys.stderr)
+        if self.to_stdout:
+            sys.stdout.write(WriteJSON(".").render(data))
+            sys.stdout.flush()
+            return
+        written = get_writer(self.args.output_format, job.output_dir)(data, job.path, self.writer_options)
+        names = ", ".join(str(w) for w in (written if isinstance(written, list) else [written]))
+        print(f"whisperane: {job.path} -> {names} ({time.time() - t0:.2f} s)", file=sys.stderr)
 
 
 class _ModelUnavailable(WhisperaneError):
@@ -241,13 +231,6 @@ def _describe(e: BaseException) -> str:
 def _report(msg: str) -> str:
     _error(msg)
     return msg
-
-
-def _frange(start: float, stop: float, step: float):
-    t = start
-    while t < stop:
-        yield t
-        t += step
 
 
 class _Bar:

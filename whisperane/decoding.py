@@ -13,29 +13,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .audio import TIME_PRECISION
+from .decoder import DecoderState
 from .errors import WhisperaneError
 from .model import EncodedWindow, WhisperaneModel
+from .options import DecodingOptions
 from .tokenizer import Tokenizer
-
-TIME_PRECISION = 0.02  # seconds per timestamp token
-
-
-@dataclass(frozen=True)
-class DecodingOptions:
-    task: str = "transcribe"
-    language: str | None = None
-    temperature: float = 0.0
-    sample_len: int | None = None  # default: n_text_ctx // 2
-    best_of: int | None = None  # independent samples at temperature > 0
-    length_penalty: float | None = None
-    prompt: str | Sequence[int] | None = None  # text of the previous window(s), fed after <|startofprev|>
-    prefix: str | Sequence[int] | None = None  # forced start of the current window's text
-    suppress_tokens: str | Iterable[int] | None = "-1"
-    suppress_blank: bool = True
-    without_timestamps: bool = False
-    max_initial_timestamp: float | None = 1.0
-    prefill: str = "exact"  # "exact" (multi-token decoder) or "table" (TextDecoderContextPrefill, WhisperKit)
-    seed: int = 0  # sampling at temperature > 0 is seeded: the same input gives the same output
 
 
 @dataclass(frozen=True)
@@ -170,9 +153,8 @@ def detect_language(model: WhisperaneModel, enc: EncodedWindow, tokenizer: Token
     """Softmax over the language tokens of the logits after <|startoftranscript|>."""
     if not model.is_multilingual:
         return "en", {"en": 1.0}
-    with model.lock:
-        state = model.state(1)
-        logits, _ = model.step(state, np.array([tokenizer.sot]), enc)
+    with model.decoding_state(1) as state:
+        logits, _ = model.decoder.step(state, np.array([tokenizer.sot]), enc.cross)
     codes = list(model.info.languages)
     ids = np.array([model.info.languages[c] for c in codes])
     lang_logits = logits[0, ids].astype(np.float64)
@@ -189,22 +171,21 @@ def _encode_text_or_tokens(tokenizer: Tokenizer, value: str | Sequence[int]) -> 
     return tokenizer.encode(" " + value.strip()) if isinstance(value, str) else [int(t) for t in value]
 
 
-def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions = DecodingOptions(),
-           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:  # fmt: skip
-    """Decode one window whose encoder output is ``enc``."""
-    if options.task not in ("transcribe", "translate"):
-        raise WhisperaneError(f"unknown task {options.task!r}; use transcribe or translate")
-    if options.prefill not in ("exact", "table"):
-        raise WhisperaneError(f"unknown prefill {options.prefill!r}; use exact or table")
-    if options.temperature < 0:
-        raise WhisperaneError("temperature must be >= 0")
-    language = options.language
-    if model.is_multilingual and language is None:
-        language, language_probs = detect_language(model, enc, tokenizer or model.tokenizer())
-    if tokenizer is None or tokenizer.language != (language if model.is_multilingual else "en") or tokenizer.task != options.task:
-        tokenizer = model.tokenizer(language=language, task=options.task)
-    language = tokenizer.language
+@dataclass(frozen=True)
+class WindowPlan:
+    """The forced tokens of one window's decoding and the rules its sampled tokens follow."""
 
+    initial: list[int]  # <|startofprev|> prompt, the sot sequence, the prefix
+    sot_index: int  # where <|startoftranscript|> is in ``initial``
+    sample_len: int
+    filters: list[LogitFilter]
+
+    @property
+    def sample_begin(self) -> int:
+        return len(self.initial)
+
+
+def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tokenizer) -> WindowPlan:
     n_ctx = model.dims.n_text_ctx
     initial: list[int] = []
     if options.prompt:
@@ -218,7 +199,6 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
     sample_len = min(options.sample_len or n_ctx // 2, model.cache_length - sample_begin)
     if sample_len < 1:
         raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
-
     filters: list[LogitFilter] = []
     if options.suppress_blank:
         blank = model.info.suppress_blank_tokens or (*tokenizer.encode(" "), tokenizer.eot)
@@ -230,18 +210,33 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
         if options.max_initial_timestamp is not None:
             max_ts = round(options.max_initial_timestamp / TIME_PRECISION)
         filters.append(ApplyTimestampRules(tokenizer, sample_begin, max_ts))
+    return WindowPlan(initial, sot_index, sample_len, filters)
 
+
+def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions | None = None,
+           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:  # fmt: skip
+    """Decode one window whose encoder output is ``enc``."""
+    options = options or DecodingOptions()
+    language = options.language
+    if model.is_multilingual and language is None:
+        language, language_probs = detect_language(model, enc, tokenizer or model.tokenizer())
+    if tokenizer is None or tokenizer.language != (language if model.is_multilingual else "en") or tokenizer.task != options.task:
+        tokenizer = model.tokenizer(language=language, task=options.task)
+    plan = plan_window(model, options, tokenizer)
     n_group = (options.best_of or 5) if options.temperature > 0 else 1
-    with model.lock:
-        state = model.state(n_group)
-        first_logits, first_align, no_speech_prob = _prefill(model, state, enc, initial, sot_index, tokenizer, options)
-        tokens, sum_logprobs, token_logprobs, align_rows = _sample_loop(
-            model, state, enc, first_logits, first_align, initial, filters, tokenizer, options, n_group, sample_len
-        )
+    with model.decoding_state(n_group) as state:
+        first_logits, first_align, no_speech_prob = _prefill(model, state, enc, plan, tokenizer, options)
+        sampled = _sample_loop(model, state, enc, first_logits, first_align, plan, tokenizer, options, n_group)
+    return _best_result(sampled, plan, tokenizer, options, language_probs, no_speech_prob)
 
+
+def _best_result(sampled, plan: WindowPlan, tokenizer: Tokenizer, options: DecodingOptions,
+                 language_probs, no_speech_prob: float) -> DecodingResult:  # fmt: skip
+    """The sample with the best length-normalised log-probability, as a DecodingResult."""
+    tokens, sum_logprobs, token_logprobs, align_rows = sampled
     seqs = []
-    for k in range(n_group):
-        t = tokens[k][sample_begin:]
+    for row in tokens:
+        t = row[plan.sample_begin :]
         seqs.append(t[: t.index(tokenizer.eot)] if tokenizer.eot in t else t)
     scores = []
     for k, seq in enumerate(seqs):
@@ -254,54 +249,44 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
     n_rows = min(len(seq) + 1, len(align_rows))
     alignment = np.stack([row[best] for row in align_rows[:n_rows]], axis=1) if align_rows else None
     return DecodingResult(
-        tokens=seq,
-        text=text,
-        language=language,
-        language_probs=language_probs,
-        avg_logprob=float(sum_logprobs[best] / (len(seq) + 1)),
-        sum_logprob=float(sum_logprobs[best]),
-        no_speech_prob=no_speech_prob,
-        temperature=options.temperature,
-        compression_ratio=compression_ratio(text),
-        alignment=alignment,
-        token_logprobs=[float(x) for x in token_logprobs[best][: len(seq)]],
-    )
+        tokens=seq, text=text, language=tokenizer.language, language_probs=language_probs,
+        avg_logprob=float(sum_logprobs[best] / (len(seq) + 1)), sum_logprob=float(sum_logprobs[best]),
+        no_speech_prob=no_speech_prob, temperature=options.temperature, compression_ratio=compression_ratio(text),
+        alignment=alignment, token_logprobs=[float(x) for x in token_logprobs[best][: len(seq)]],
+    )  # fmt: skip
 
 
-def _prefill(model, state, enc, initial, sot_index, tokenizer, options):
-    """Fill the cache with the forced prefix; return (logits that pick the first token [V], their alignment
-    row [A, F], no-speech probability)."""
-    batch1 = state if state.key.shape[0] == 1 else model.state(1)
-    table_positions = 0
-    if options.prefill == "table" and sot_index == 0:
-        # Only positions whose logits are not needed come from the table: the last prefix token still runs.
-        table_positions = min(model.info.prefill_length, len(tokenizer.sot_sequence), len(initial) - 1)
-    if table_positions:
-        task_index = 1 if options.task == "translate" else 0
-        lang_token = tokenizer.language_token if tokenizer.language_token is not None else 0
-        k, v = model.prefill_table(task_index, lang_token)
-        batch1.write(k[..., :table_positions], v[..., :table_positions])
-    # The prompt before <|startoftranscript|> only fills the cache; logits are needed from sot on (the
-    # no-speech probability at sot, the first token from the last position).
-    first = max(sot_index, table_positions)
-    if first > table_positions:
-        model.forward_tokens(batch1, np.asarray([initial[table_positions:first]], dtype=np.int64), enc, need_logits=False)
-    logits, align = model.forward_tokens(batch1, np.asarray([initial[first:]], dtype=np.int64), enc)
+def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, plan: WindowPlan,
+             tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+    """Fill the cache with the forced prefix (once, then copied to every row); return (logits that pick the
+    first token [V], their alignment row [A, F], no-speech probability)."""
+    with model.decoding_state(1) as batch1:
+        initial, table_positions = plan.initial, 0
+        if options.prefill == "table" and plan.sot_index == 0:
+            # Only positions whose logits are not needed come from the table: the last prefix token still runs.
+            table_positions = min(model.info.prefill_length, len(tokenizer.sot_sequence), len(initial) - 1)
+        if table_positions:
+            task_index = 1 if options.task == "translate" else 0
+            lang_token = tokenizer.language_token if tokenizer.language_token is not None else 0
+            k, v = model.prefill_table(task_index, lang_token)
+            batch1.write(k[..., :table_positions], v[..., :table_positions])
+        # The prompt before <|startoftranscript|> only fills the cache; logits are needed from sot on (the
+        # no-speech probability at sot, the first token from the last position).
+        first = max(plan.sot_index, table_positions)
+        if first > table_positions:
+            model.decoder.forward(batch1, np.asarray([initial[table_positions:first]]), enc.cross, need_logits=False)
+        logits, align = model.decoder.forward(batch1, np.asarray([initial[first:]]), enc.cross)
+        state.copy_prefix_from(batch1)
     # Row 0 is <|startoftranscript|>'s; with the table, whose positions were never run, it is the first computed
     # row instead (WhisperKit's approximation).
-    no_speech_logits = logits[0, 0]
-    no_speech_prob = float(np.exp(log_softmax(no_speech_logits.astype(np.float64))[tokenizer.no_speech]))
-    if batch1 is not state:
-        state.key[:, :, :, : batch1.length] = batch1.key[:, :, :, : batch1.length]
-        state.value[:, :, :, : batch1.length] = batch1.value[:, :, :, : batch1.length]
-        state.padding[:, : batch1.length] = 0.0
-        state.length = batch1.length
+    no_speech_prob = float(np.exp(log_softmax(logits[0, 0].astype(np.float64))[tokenizer.no_speech]))
     return logits[0, -1], align[0, :, -1], no_speech_prob
 
 
-def _sample_loop(model, state, enc, first_logits, first_align, initial, filters, tokenizer, options, n_group, sample_len):
-    eot = tokenizer.eot
-    tokens = [list(initial) for _ in range(n_group)]
+def _sample_loop(model, state, enc, first_logits, first_align, plan: WindowPlan, tokenizer, options, n_group):
+    """Greedy (temperature 0) or sampled continuations of ``n_group`` rows until every row ends."""
+    eot, filters, sample_len = tokenizer.eot, plan.filters, plan.sample_len
+    tokens = [list(plan.initial) for _ in range(n_group)]
     sum_logprobs = np.zeros(n_group)
     token_logprobs: list[list[float]] = [[] for _ in range(n_group)]
     logits = np.repeat(first_logits[None, :].astype(np.float32), n_group, axis=0)
@@ -324,8 +309,8 @@ def _sample_loop(model, state, enc, first_logits, first_align, initial, filters,
                 sum_logprobs[k] += lp
                 token_logprobs[k].append(lp)
             tokens[k].append(int(next_tokens[k]))
-        if all(t[-1] == eot for t in tokens) or i == sample_len - 1 or state.length >= state.cache_length:
+        if all(t[-1] == eot for t in tokens) or i == sample_len - 1 or state.length >= state.layout.length:
             break
-        logits, align = model.step(state, next_tokens, enc)
+        logits, align = model.decoder.step(state, next_tokens, enc.cross)
         align_rows.append(align)
     return tokens, sum_logprobs, token_logprobs, align_rows

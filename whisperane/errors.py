@@ -14,6 +14,10 @@ class AudioError(WhisperaneError):
     """The audio could not be read or holds no usable samples."""
 
 
+class OptionsError(WhisperaneError, ValueError):
+    """An option has an invalid value (also a ValueError, as a bad argument is in Python)."""
+
+
 class ModelError(WhisperaneError):
     """A model name, checkpoint or bundle is unknown, unreadable, incomplete or inconsistent."""
 

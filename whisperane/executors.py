@@ -195,17 +195,13 @@ class CoreMLComponent:
         self.inputs = {i.name: tuple(i.type.multiArrayType.shape) for i in spec.description.input} if spec else {}
         self.outputs = {o.name: tuple(o.type.multiArrayType.shape) for o in spec.description.output} if spec else {}
         self.states = [s.name for s in spec.description.state] if spec else []
-        self.state = self.model.make_state() if self.states else None
 
-    def reset_state(self) -> None:
-        if self.states:
-            self.state = self.model.make_state()
+    def make_state(self):
+        """A fresh MLState for a stateful package: each decoding call holds its own."""
+        return self.model.make_state()
 
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-        if self.state is not None:
-            out = self.model.predict(feeds, state=self.state)
-        else:
-            out = self.model.predict(feeds)
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None, state=None) -> dict[str, np.ndarray]:
+        out = self.model.predict(feeds) if state is None else self.model.predict(feeds, state=state)
         return {k: np.asarray(v) for k, v in out.items() if outputs is None or k in outputs}
 
 
@@ -213,7 +209,5 @@ def open_component(bundle: Path, rel: str, executor: str, threads: int | None, c
     path = bundle / rel
     if executor == "onnx":
         return OnnxComponent(path, threads)
-    if executor == "coreml":
-        compiled = path.with_suffix(".mlmodelc")
-        return CoreMLComponent(compiled if compiled.exists() else path, compute_units)
-    raise ModelError(f"unknown executor {executor!r}; use onnx or coreml")
+    compiled = path.with_suffix(".mlmodelc")  # compiled on macOS next to the package
+    return CoreMLComponent(compiled if compiled.exists() else path, compute_units)

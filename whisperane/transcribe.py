@@ -5,22 +5,29 @@ Audio is read through a bounded stream (``audio.open_audio``), so memory does no
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
 from . import timing
-from .audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream, open_audio
-from .decoding import DecodingOptions, DecodingResult, decode, detect_language
-from .errors import WhisperaneError
-from .model import EncodedWindow, WhisperaneModel, load_model
+from .audio import (
+    FRAMES_PER_SECOND,
+    HOP_LENGTH,
+    INPUT_STRIDE,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    TIME_PRECISION,
+    AudioStream,
+    open_audio,
+)
+from .decoding import DecodingResult, decode, detect_language
+from .errors import OptionsError, WhisperaneError
+from .model import EncodedWindow, WhisperaneModel
+from .options import TranscribeOptions
 from .tokenizer import Tokenizer
-
-TIME_PRECISION = 0.02
-INPUT_STRIDE = N_FRAMES // 1500  # mel frames per encoder frame / timestamp token
 
 
 @dataclass(frozen=True)
@@ -70,31 +77,6 @@ class TranscriptionResult:
         return d
 
 
-@dataclass(frozen=True)
-class TranscribeOptions:
-    language: str | None = None
-    task: str = "transcribe"
-    word_timestamps: bool = True
-    temperature: float | Sequence[float] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-    compression_ratio_threshold: float | None = 2.4
-    logprob_threshold: float | None = -1.0
-    no_speech_threshold: float | None = 0.6
-    condition_on_previous_text: bool = True
-    initial_prompt: str | None = None
-    prefix: str | None = None
-    clip_timestamps: str | Sequence[float] = "0"
-    hallucination_silence_threshold: float | None = None
-    prepend_punctuations: str = timing.PREPEND_PUNCTUATIONS
-    append_punctuations: str = timing.APPEND_PUNCTUATIONS
-    best_of: int | None = 5
-    suppress_tokens: str | Sequence[int] | None = "-1"
-    suppress_blank: bool = True
-    without_timestamps: bool = False
-    max_initial_timestamp: float | None = 1.0
-    prefill: str = "exact"  # or "table" (WhisperKit's prefill lookup table)
-    alignment: str = "teacher-forced"  # word-timing rows: "teacher-forced" pass or "decode" (gathered while decoding)
-
-
 def transcribe(
     audio: str | os.PathLike | np.ndarray | AudioStream,
     model: str | os.PathLike | WhisperaneModel = "tiny.en",
@@ -106,26 +88,37 @@ def transcribe(
 ) -> TranscriptionResult:
     """Transcribe a file path, a 16 kHz mono float array or an open AudioStream.
 
-    ``kwargs`` are the fields of :class:`TranscribeOptions`. ``progress(seconds_done, duration)`` is called
-    after each window.
+    ``kwargs`` are the fields of :class:`TranscribeOptions` (an unknown name is a TypeError; an invalid value
+    an OptionsError). A model name or path is loaded once and reused by later calls. ``progress(seconds_done,
+    duration)`` is called after each window.
     """
-    unknown = set(kwargs) - set(TranscribeOptions.__dataclass_fields__)
+    unknown = set(kwargs) - {f.name for f in fields(TranscribeOptions)}
     if unknown:
         raise TypeError(f"unknown transcribe option(s): {', '.join(sorted(unknown))}")
     options = TranscribeOptions(language=language, task=task, word_timestamps=word_timestamps, **kwargs)
-    m = model if isinstance(model, WhisperaneModel) else load_model(model)
+    if not isinstance(model, WhisperaneModel):
+        from .loading import shared_model
+
+        model = shared_model(model)
+    _check_model_supports(model, options)
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return _transcribe(m, stream, options, progress)
+        return Transcription(model, stream, options, progress).run()
     finally:
         if stream is not audio:
             stream.close()
 
 
+def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) -> None:
+    if not model.is_multilingual and options.task == "translate":
+        raise OptionsError("English-only models cannot translate; use a multilingual model")
+    if not model.is_multilingual and options.language not in (None, "en"):
+        raise OptionsError(f"English-only models transcribe English only, not {options.language!r}")
+
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
-def _window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int) -> tuple[EncodedWindow | None, np.ndarray]:
+def _read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int) -> tuple[EncodedWindow | None, np.ndarray]:
     """Encode the window at ``seek``; None for digital silence, where Whisper is known to invent " you"
     (with a no-speech probability that the log-probability rule overrides). Also returns the samples."""
     start = seek * HOP_LENGTH
@@ -167,43 +160,22 @@ def _trim_words_to_sound(segments: list[dict], samples: np.ndarray, time_offset:
                 w["start"] = round(time_offset + (a + int(np.argmax(sounding[a:b]))) / 50, 2)
             if not sounding[b - 1]:
                 w["end"] = round(time_offset + (b - int(np.argmax(sounding[a:b][::-1]))) / 50, 2)
-        words = segment.get("words")
-        if words:
-            segment["start"], segment["end"] = words[0]["start"], words[-1]["end"]
 
 
-def _clip_ranges(clip_timestamps: str | Sequence[float], content_frames: int) -> list[tuple[int, int]]:
-    try:
-        if isinstance(clip_timestamps, str):
-            values = [float(x) for x in clip_timestamps.split(",") if x.strip()] if clip_timestamps else []
-        else:
-            values = [float(x) for x in clip_timestamps]
-    except (TypeError, ValueError):
-        raise WhisperaneError(f"clip_timestamps must be comma-separated seconds, not {clip_timestamps!r}") from None
-    if not values:
-        values = [0.0]
-    if any(not math.isfinite(v) or v < 0 for v in values):
-        raise WhisperaneError("clip_timestamps must be finite, non-negative seconds")
-    frames = [round(v * FRAMES_PER_SECOND) for v in values]
+def _clip_ranges(clip_timestamps: Sequence[float], content_frames: int) -> list[tuple[int, int]]:
+    frames = [round(v * FRAMES_PER_SECOND) for v in clip_timestamps]
     if len(frames) % 2 == 1:
         frames.append(content_frames)
     return [(min(s, content_frames), min(e, content_frames)) for s, e in zip(frames[::2], frames[1::2], strict=True)]
 
-
-def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, language, tokenizer, language_probs, seed):
+def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed):
     """Decode at each temperature in turn until a result passes the compression-ratio and log-probability
     checks. When none does, the result with the best average log-probability among those not too repetitive
     (else among all) is kept, as faster-whisper does: openai-whisper keeps the last, highest-temperature one,
     which on a fragile window (a fraction of a second of tail audio) is the most likely to be noise."""
-    temperatures = [options.temperature] if isinstance(options.temperature, (int, float)) else list(options.temperature)
     tried: list[DecodingResult] = []
-    for t in temperatures:
-        opts = DecodingOptions(
-            task=options.task, language=language, temperature=t, best_of=options.best_of if t > 0 else None,
-            prompt=prompt or None, prefix=options.prefix, suppress_tokens=options.suppress_tokens,
-            suppress_blank=options.suppress_blank, without_timestamps=options.without_timestamps,
-            max_initial_timestamp=options.max_initial_timestamp, prefill=options.prefill, seed=seed,
-        )  # fmt: skip
+    for t in options.temperature:
+        opts = options.decoding(t, tokenizer.language, prompt, seed)
         result = decode(model, enc, opts, tokenizer, language_probs)
         tried.append(result)
         needs_fallback = False
@@ -226,135 +198,182 @@ def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, langua
     return max(not_repetitive or tried, key=lambda r: r.avg_logprob)
 
 
-def _transcribe(model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions, progress) -> TranscriptionResult:
-    if options.task not in ("transcribe", "translate"):
-        raise WhisperaneError(f"unknown task {options.task!r}; use transcribe or translate")
-    if not model.is_multilingual and options.task == "translate":
-        raise WhisperaneError("English-only models cannot translate; use a multilingual model")
-    if not model.is_multilingual and options.language not in (None, "en", "english"):
-        raise WhisperaneError(f"English-only models transcribe English only, not {options.language!r}")
-    if options.word_timestamps and options.alignment not in ("teacher-forced", "decode"):
-        raise WhisperaneError("alignment must be teacher-forced or decode")
+@dataclass(frozen=True)
+class Window:
+    """One 30 s window of the seek loop: where it starts, how much audio it holds, and its encoding (None for
+    digital silence)."""
 
-    # Total length: exact for arrays and wav/flac; from the header for mp3 (refined as the stream is read).
-    content_frames = int(stream.n_samples // HOP_LENGTH)
-    if stream.n_samples == 0:
-        raise WhisperaneError(f"{stream.name}: the audio holds no samples")
-    duration = stream.n_samples / SAMPLE_RATE
+    seek: int  # mel frame of the window's start
+    size: int  # mel frames of audio in the window (less than N_FRAMES at the end or a clip's end)
+    enc: EncodedWindow | None
+    samples: np.ndarray
 
-    language = options.language
-    language_probs = None
-    tokenizer = model.tokenizer(language=language if model.is_multilingual else None, task=options.task)
-    first_window = None  # (frames, encoding, samples) of the window at seek 0, encoded for language detection
-    if model.is_multilingual and language is None:
-        # The same frames the first window of the loop reads, so that the loop reuses this encoding.
-        first_window = (min(N_FRAMES, content_frames), *_window(model, stream, 0, min(N_FRAMES, content_frames)))
-        enc = first_window[1]
-        if enc is not None:
-            language, language_probs = detect_language(model, enc, tokenizer)
-        else:  # nothing to detect from: the transcript will be empty
-            language, language_probs = "en", None
-    tokenizer = model.tokenizer(language=language, task=options.task) if model.is_multilingual else tokenizer
-    language = tokenizer.language
+    @property
+    def time_offset(self) -> float:
+        return float(self.seek * HOP_LENGTH / SAMPLE_RATE)
 
-    seek_clips = _clip_ranges(options.clip_timestamps, content_frames)
-    clip_idx = 0
-    seek = seek_clips[0][0]
-    all_tokens: list[int] = []
-    all_segments: list[dict] = []
-    prompt_reset_since = 0
-    if options.initial_prompt:
-        all_tokens.extend(tokenizer.encode(" " + options.initial_prompt.strip()))
-    last_speech_timestamp = 0.0
-    window_index = 0
+    @property
+    def end_time(self) -> float:
+        return float((self.seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
 
-    while clip_idx < len(seek_clips):
-        # The stream refines its length as it reads (mp3 headers can be approximate).
-        content_frames = max(content_frames, int(stream.n_samples // HOP_LENGTH)) if not stream.exhausted else int(stream.n_samples // HOP_LENGTH)
-        seek_clip_start, seek_clip_end = seek_clips[clip_idx]
-        seek_clip_end = min(seek_clip_end, content_frames)
-        if seek < seek_clip_start:
-            seek = seek_clip_start
-        if seek >= seek_clip_end:
-            clip_idx += 1
-            if clip_idx < len(seek_clips):
-                seek = seek_clips[clip_idx][0]
-            continue
-        time_offset = float(seek * HOP_LENGTH / SAMPLE_RATE)
-        window_end_time = float((seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
-        segment_size = min(N_FRAMES, content_frames - seek, seek_clip_end - seek)
-        segment_duration = segment_size * HOP_LENGTH / SAMPLE_RATE
-        if first_window is not None and seek == 0 and segment_size == first_window[0]:
-            _, enc, samples = first_window
-        else:
-            enc, samples = _window(model, stream, seek, segment_size)
-        first_window = None
-        if stream.exhausted:
-            content_frames = int(stream.n_samples // HOP_LENGTH)
-        if enc is None:
-            seek += segment_size
-            if progress:
-                progress(min(seek, content_frames) / FRAMES_PER_SECOND, content_frames / FRAMES_PER_SECOND)
-            continue
+    @property
+    def duration(self) -> float:
+        return self.size * HOP_LENGTH / SAMPLE_RATE
 
-        prompt = all_tokens[prompt_reset_since:]
-        result = _decode_with_fallback(model, enc, options, prompt, language, tokenizer, language_probs, seed=window_index)
-        window_index += 1
 
-        if options.no_speech_threshold is not None:
-            should_skip = result.no_speech_prob > options.no_speech_threshold
-            if options.logprob_threshold is not None and result.avg_logprob > options.logprob_threshold:
-                should_skip = False  # don't skip if the logprob is high enough despite the no-speech prob
-            if should_skip:
-                seek += segment_size
-                if progress:
-                    progress(min(seek, content_frames) / FRAMES_PER_SECOND, content_frames / FRAMES_PER_SECOND)
+class Transcription:
+    """openai-whisper's seek loop over one audio stream: next window -> decode -> words -> advance. The state
+    of the loop (seek, the previous text for the prompt, the segments so far) belongs to this call."""
+
+    def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
+                 progress: Callable[[float, float], None] | None):  # fmt: skip
+        if stream.n_samples == 0:
+            raise WhisperaneError(f"{stream.name}: the audio holds no samples")
+        self.model, self.stream, self.options, self.progress = model, stream, options, progress
+        # Total length: exact for arrays and wav/flac; from the header for mp3 (refined as the stream is read).
+        self.content_frames = int(stream.n_samples // HOP_LENGTH)
+        self.clips = _clip_ranges(options.clip_timestamps, self.content_frames)
+        self.clip_index = 0
+        self.seek = self.clips[0][0]
+        self.all_tokens: list[int] = []
+        self.all_segments: list[dict] = []
+        self.prompt_reset_since = 0
+        self.last_speech_timestamp = 0.0
+        self.window_index = 0
+        self.language_probs: dict[str, float] | None = None
+        self.first_window: Window | None = None  # encoded for language detection, reused by the loop
+
+    def run(self) -> TranscriptionResult:
+        self.tokenizer = self._tokenizer_for_language()
+        if self.options.initial_prompt:
+            self.all_tokens.extend(self.tokenizer.encode(" " + self.options.initial_prompt.strip()))
+        while (window := self._next_window()) is not None:
+            if window.enc is None:
+                self.seek = window.seek + window.size
+            else:
+                self._decode_window(window)
+            if self.progress:
+                done = min(self.seek, self.content_frames) / FRAMES_PER_SECOND
+                self.progress(done, self.content_frames / FRAMES_PER_SECOND)
+        tok = self.tokenizer
+        segments = tuple(_segment(s, self.options.word_timestamps) for s in self.all_segments)
+        text = tok.decode([t for s in self.all_segments for t in s["tokens"] if t < tok.eot])
+        return TranscriptionResult(text=text, language=tok.language, duration=round(self.stream.n_samples / SAMPLE_RATE, 3),
+                                   segments=segments, language_probs=self.language_probs)  # fmt: skip
+
+    def _tokenizer_for_language(self) -> Tokenizer:
+        model, options = self.model, self.options
+        language = options.language
+        if model.is_multilingual and language is None:
+            # The same frames the first window of the loop reads, so that the loop reuses this encoding.
+            size = min(N_FRAMES, self.content_frames)
+            self.first_window = Window(0, size, *_read_window(model, self.stream, 0, size))
+            if self.first_window.enc is not None:
+                language, self.language_probs = detect_language(model, self.first_window.enc, model.tokenizer())
+            else:  # nothing to detect from: the transcript will be empty
+                language = "en"
+        return model.tokenizer(language=language, task=options.task)
+
+    def _next_window(self) -> Window | None:
+        """The window at ``seek`` (moving on to the next clip of clip_timestamps where one ends), or None."""
+        while self.clip_index < len(self.clips):
+            if self.stream.exhausted:  # the stream refines its length as it reads (mp3 headers can be approximate)
+                self.content_frames = int(self.stream.n_samples // HOP_LENGTH)
+            else:
+                self.content_frames = max(self.content_frames, int(self.stream.n_samples // HOP_LENGTH))
+            clip_start, clip_end = self.clips[self.clip_index]
+            clip_end = min(clip_end, self.content_frames)
+            self.seek = max(self.seek, clip_start)
+            if self.seek >= clip_end:
+                self.clip_index += 1
+                if self.clip_index < len(self.clips):
+                    self.seek = self.clips[self.clip_index][0]
                 continue
+            size = min(N_FRAMES, self.content_frames - self.seek, clip_end - self.seek)
+            first, self.first_window = self.first_window, None
+            window = first if first is not None and self.seek == 0 and size == first.size else None
+            window = window or Window(self.seek, size, *_read_window(self.model, self.stream, self.seek, size))
+            if self.stream.exhausted:
+                self.content_frames = int(self.stream.n_samples // HOP_LENGTH)
+            return window
+        return None
 
-        previous_seek = seek
-        current_segments, seek, single_timestamp_ending = _split_segments(result, tokenizer, seek, segment_size)
-
+    def _decode_window(self, w: Window) -> None:
+        options = self.options
+        prompt = self.all_tokens[self.prompt_reset_since :]
+        result = _decode_with_fallback(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs, self.window_index)
+        self.window_index += 1
+        if _is_silence(result, options):
+            self.seek = w.seek + w.size
+            return
+        segments, seek, single_timestamp_ending = _split_segments(result, self.tokenizer, w.seek, w.size)
         if options.word_timestamps:
-            _add_words(model, enc, result, current_segments, tokenizer, options, time_offset, segment_size, last_speech_timestamp)
-            _trim_words_to_sound(current_segments, samples, time_offset)
-            last_speech_timestamp = _last_speech(current_segments, last_speech_timestamp)
-            if not single_timestamp_ending:
-                last_word_end = timing.get_end(current_segments)
-                if last_word_end is not None and last_word_end > time_offset:
+            _add_words(self.model, w.enc, result, segments, self.tokenizer, options, w.time_offset, w.size,
+                       self.last_speech_timestamp)  # fmt: skip
+            if not single_timestamp_ending:  # openai's rule: the next window starts where DTW put the last word
+                last_word_end = timing.get_end(segments)
+                if last_word_end is not None and last_word_end > w.time_offset:
                     seek = round(last_word_end * FRAMES_PER_SECOND)
-
             if options.hallucination_silence_threshold is not None:
-                seek, current_segments, skipped = _hallucination_filter(
-                    current_segments, options.hallucination_silence_threshold, time_offset, window_end_time,
-                    segment_duration, previous_seek, segment_size, content_frames, seek, last_speech_timestamp, all_segments,
-                )  # fmt: skip
+                seek, segments, skipped = self._skip_hallucinations(w, segments, seek)
                 if skipped:
-                    if progress:
-                        progress(min(seek, content_frames) / FRAMES_PER_SECOND, content_frames / FRAMES_PER_SECOND)
-                    continue
+                    self.seek = seek
+                    return
+            last_word_end = timing.get_end(segments)
+            if last_word_end is not None:
+                self.last_speech_timestamp = last_word_end
+            _trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
+        self._commit(w, result, segments, seek)
 
-        # a segment never ends past the audio, nor starts before the window
-        for s in current_segments:
+    def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int) -> None:
+        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on."""
+        duration = self.stream.n_samples / SAMPLE_RATE
+        for s in segments:
             s["end"] = min(s["end"], duration)
             s["start"] = min(s["start"], s["end"])
-        current_segments = [s for s in current_segments if s["start"] != s["end"] and s["text"].strip()]
-        for s in current_segments:
-            s["id"] = len(all_segments)
-            all_segments.append(s)
-            all_tokens.extend(s["tokens"])
-        if not options.condition_on_previous_text or result.temperature > 0.5:
-            prompt_reset_since = len(all_tokens)  # do not feed the prompt tokens if a high temperature was used
-        if seek <= previous_seek:  # never stall
-            seek = previous_seek + max(segment_size, 1)
-        if progress:
-            progress(min(seek, content_frames) / FRAMES_PER_SECOND, content_frames / FRAMES_PER_SECOND)
+        for s in segments:
+            if s["start"] != s["end"] and s["text"].strip():
+                s["id"] = len(self.all_segments)
+                self.all_segments.append(s)
+                self.all_tokens.extend(s["tokens"])
+        if not self.options.condition_on_previous_text or result.temperature > 0.5:
+            self.prompt_reset_since = len(self.all_tokens)  # no prompt after a high temperature
+        self.seek = seek if seek > w.seek else w.seek + max(w.size, 1)  # never stall
 
-    duration = stream.n_samples / SAMPLE_RATE
-    segments = tuple(_segment(s, tokenizer, options.word_timestamps) for s in all_segments)
-    text = tokenizer.decode([t for s in all_segments for t in s["tokens"] if t < tokenizer.eot])
-    return TranscriptionResult(text=text, language=language, duration=round(duration, 3), segments=segments,
-                               language_probs=language_probs)  # fmt: skip
+    def _skip_hallucinations(self, w: Window, segments: list[dict], seek: int) -> tuple[int, list[dict], bool]:
+        """openai-whisper's hallucination_silence_threshold: skip silence around anomalous segments."""
+        threshold = self.options.hallucination_silence_threshold
+        first_segment = timing.next_words_segment(segments)
+        if first_segment is not None and timing.is_segment_anomaly(first_segment):
+            gap = first_segment["start"] - w.time_offset
+            if gap > threshold:  # the first segment may be a hallucination: skip the leading silence
+                return w.seek + round(gap * FRAMES_PER_SECOND), segments, True
+        # skip silence before a possible hallucination surrounded by silence or more hallucinations
+        hal_last_end = self.last_speech_timestamp
+        for si, segment in enumerate(segments):
+            if not segment.get("words"):
+                continue
+            if timing.is_segment_anomaly(segment):
+                next_segment = timing.next_words_segment(segments[si + 1 :])
+                hal_next_start = next_segment["words"][0]["start"] if next_segment is not None else w.time_offset + w.duration
+                silence_before = (segment["start"] - hal_last_end > threshold or segment["start"] < threshold
+                                  or segment["start"] - w.time_offset < 2.0)  # fmt: skip
+                silence_after = (hal_next_start - segment["end"] > threshold or timing.is_segment_anomaly(next_segment)
+                                 or w.end_time - segment["end"] < 2.0)  # fmt: skip
+                if silence_before and silence_after:
+                    seek = round(max(w.time_offset + 1, segment["start"]) * FRAMES_PER_SECOND)
+                    if self.content_frames / FRAMES_PER_SECOND - segment["end"] < threshold:
+                        seek = self.content_frames
+                    return seek, segments[:si], False
+            hal_last_end = segment["end"]
+        return seek, segments, False
 
+
+def _is_silence(result: DecodingResult, options: TranscribeOptions) -> bool:
+    """openai's no-speech rule: <|nospeech|> likely and the text not confident."""
+    if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
+        return False
+    return options.logprob_threshold is None or result.avg_logprob <= options.logprob_threshold
 
 def _split_segments(result: DecodingResult, tokenizer: Tokenizer, seek: int, segment_size: int) -> tuple[list[dict], int, bool]:
     """openai-whisper's split of a window's tokens into segments at consecutive timestamp pairs.
@@ -400,13 +419,6 @@ def _split_segments(result: DecodingResult, tokenizer: Tokenizer, seek: int, seg
     return segments, next_seek, single_timestamp_ending
 
 
-def _last_speech(segments: list[dict], last: float) -> float:
-    for s in reversed(segments):
-        if s.get("words"):
-            return s["words"][-1]["end"]
-    return last
-
-
 def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech) -> None:
     text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
     if not text_tokens:
@@ -416,18 +428,16 @@ def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time
     if options.alignment == "decode" and result.alignment is not None:
         # Rows gathered while decoding predict every sampled token (timestamps included): keep those of text.
         rows = [i for i, t in enumerate(result.tokens) if t < tokenizer.eot] + [len(result.tokens)]
-        weights = result.alignment[0, rows] if model.alignment_is_mean else result.alignment[:, rows]
+        weights = result.alignment[:, rows]
         probs = np.exp([result.token_logprobs[i] for i in rows[:-1]])
         alignment = timing.find_alignment(weights, text_tokens, probs, num_frames, tokenizer)
     else:
         seq = [*tokenizer.sot_sequence, tokenizer.no_timestamps, *text_tokens, tokenizer.eot]
-        with model.lock:
-            state = model.state(1)
-            logits, weights = model.forward_tokens(state, np.asarray([seq]), enc)
+        with model.decoding_state(1) as state:
+            logits, weights = model.decoder.forward(state, np.asarray([seq]), enc.cross)
         first = len(tokenizer.sot_sequence)
         probs = timing.text_token_probabilities(logits[0, first:], text_tokens, tokenizer.eot)
-        heads = weights[0][0] if model.alignment_is_mean else weights[0]  # mean only: plain DTW on the mean
-        alignment = timing.find_alignment(heads, text_tokens, probs, num_frames, tokenizer, first_row=first)
+        alignment = timing.find_alignment(weights[0], text_tokens, probs, num_frames, tokenizer, first_row=first)
     timing.add_word_timestamps(
         segments, alignment, time_offset=time_offset, last_speech_timestamp=last_speech,
         prepend_punctuations=options.prepend_punctuations, append_punctuations=options.append_punctuations,
@@ -435,42 +445,7 @@ def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time
     )  # fmt: skip
 
 
-def _hallucination_filter(segments, threshold, time_offset, window_end_time, segment_duration, previous_seek,
-                          segment_size, content_frames, seek, last_speech_timestamp, all_segments):  # fmt: skip
-    """openai-whisper's hallucination_silence_threshold: skip silence around anomalous segments."""
-    total_duration = content_frames / FRAMES_PER_SECOND
-    # if the first segment might be a hallucination, skip leading silence
-    first_segment = timing.next_words_segment(segments)
-    if first_segment is not None and timing.is_segment_anomaly(first_segment):
-        gap = first_segment["start"] - time_offset
-        if gap > threshold:
-            return previous_seek + round(gap * FRAMES_PER_SECOND), segments, True
-
-    # skip silence before any possible hallucination that is surrounded by silence or more hallucinations
-    hal_last_end = last_speech_timestamp
-    for si in range(len(segments)):
-        segment = segments[si]
-        if not segment.get("words"):
-            continue
-        if timing.is_segment_anomaly(segment):
-            next_segment = timing.next_words_segment(segments[si + 1 :])
-            hal_next_start = next_segment["words"][0]["start"] if next_segment is not None else time_offset + segment_duration
-            silence_before = segment["start"] - hal_last_end > threshold or segment["start"] < threshold or segment["start"] - time_offset < 2.0
-            silence_after = (
-                hal_next_start - segment["end"] > threshold
-                or timing.is_segment_anomaly(next_segment)
-                or window_end_time - segment["end"] < 2.0
-            )
-            if silence_before and silence_after:
-                seek = round(max(time_offset + 1, segment["start"]) * FRAMES_PER_SECOND)
-                if total_duration - segment["end"] < threshold:
-                    seek = content_frames
-                return seek, segments[:si], False
-        hal_last_end = segment["end"]
-    return seek, segments, False
-
-
-def _segment(s: dict, tokenizer: Tokenizer, with_words: bool) -> Segment:
+def _segment(s: dict, with_words: bool) -> Segment:
     words = None
     if with_words:
         words = tuple(Word(w["word"], float(w["start"]), float(w["end"]), round(float(w["probability"]), 4)) for w in s.get("words", []))

@@ -1,0 +1,246 @@
+"""The options of a transcription and of one window's decoding: validated once, when they are made.
+
+``TranscribeOptions`` carries openai-whisper's ``transcribe()`` names and defaults plus whisperane's own
+(``prefill``, ``alignment``); ``DecodingOptions`` for each window and temperature are derived from it
+(``TranscribeOptions.decoding``). The CLI's transcription flags are built from the fields
+(``add_option_arguments`` / ``options_from_args``), so a new option is one field with its help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+
+from .errors import OptionsError
+from .tokenizer import TASKS, normalize_language
+
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"  # merged with the word after them
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"  # merged with the word before them
+
+TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+PREFILLS = ("exact", "table")
+ALIGNMENTS = ("teacher-forced", "decode")
+
+
+def _help(text: str, **cli) -> dict:
+    return {"help": text, **cli}
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = field(default=None, metadata=_help("language code or name (e.g. en, german); detected when omitted"))
+    task: str = field(default="transcribe", metadata=_help("transcribe, or translate to English", choices=TASKS))
+    word_timestamps: bool = field(default=True, metadata=_help("word-level timestamps (DTW over the alignment heads)"))
+    temperature: float | Sequence[float] = field(default=TEMPERATURES, metadata=_help(
+        "temperatures tried in turn (fallback)", cli=False))  # fmt: skip
+    compression_ratio_threshold: float | None = field(default=2.4, metadata=_help("fall back when the text's gzip ratio is above this"))
+    logprob_threshold: float | None = field(default=-1.0, metadata=_help("fall back when the average log-probability is below this"))
+    no_speech_threshold: float | None = field(default=0.6, metadata=_help("a window is silent when <|nospeech|> is above this and the log-probability is low"))
+    condition_on_previous_text: bool = field(default=True, metadata=_help("prompt each window with the previous window's text"))
+    initial_prompt: str | None = field(default=None, metadata=_help("text that prompts the first window"))
+    prefix: str | None = field(default=None, metadata=_help("forced start of each window's text"))
+    clip_timestamps: str | Sequence[float] = field(default="0", metadata=_help("start,end,start,end,... seconds to transcribe"))
+    hallucination_silence_threshold: float | None = field(default=None, metadata=_help(
+        "skip silences longer than this (seconds) around a likely hallucination (needs word timestamps)"))  # fmt: skip
+    prepend_punctuations: str = field(default=PREPEND_PUNCTUATIONS, metadata=_help("merged with the next word"))
+    append_punctuations: str = field(default=APPEND_PUNCTUATIONS, metadata=_help("merged with the previous word"))
+    best_of: int | None = field(default=5, metadata=_help("samples at temperature > 0"))
+    suppress_tokens: str | Sequence[int] | None = field(default="-1", metadata=_help(
+        "comma-separated token ids to suppress; -1: the non-speech symbols"))  # fmt: skip
+    suppress_blank: bool = field(default=True, metadata=_help("no blank or end of text as the first token"))
+    without_timestamps: bool = field(default=False, metadata=_help("sample text tokens only"))
+    max_initial_timestamp: float | None = field(default=1.0, metadata=_help("latest first timestamp (seconds)"))
+    prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))
+    alignment: str = field(default="teacher-forced", metadata=_help(
+        "word-timing rows: a teacher-forced pass, or gathered while decoding", choices=ALIGNMENTS))  # fmt: skip
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "language", _language(self.language))
+        object.__setattr__(self, "temperature", _temperatures(self.temperature))
+        object.__setattr__(self, "clip_timestamps", clip_values(self.clip_timestamps))
+        object.__setattr__(self, "suppress_tokens", _token_ids(self.suppress_tokens))
+        _choice("task", self.task, TASKS)
+        _choice("prefill", self.prefill, PREFILLS)
+        _choice("alignment", self.alignment, ALIGNMENTS)
+        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+            _optional_number(name, getattr(self, name))
+        for name in ("hallucination_silence_threshold", "max_initial_timestamp"):
+            _optional_number(name, getattr(self, name), minimum=0.0)
+        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < 1):
+            raise OptionsError(f"best_of must be a positive integer, not {self.best_of!r}")
+        for name in ("initial_prompt", "prefix"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise OptionsError(f"{name} must be text")
+        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
+
+    def decoding(self, temperature: float, language: str | None, prompt: Sequence[int] | None, seed: int) -> DecodingOptions:
+        """The options of one window's decoding at one temperature."""
+        return DecodingOptions(
+            task=self.task, language=language, temperature=temperature,
+            best_of=self.best_of if temperature > 0 else None, prompt=list(prompt) if prompt else None,
+            prefix=self.prefix, suppress_tokens=self.suppress_tokens, suppress_blank=self.suppress_blank,
+            without_timestamps=self.without_timestamps, max_initial_timestamp=self.max_initial_timestamp,
+            prefill=self.prefill, seed=seed,
+        )  # fmt: skip
+
+    def to_kwargs(self) -> dict:
+        """The fields as ``transcribe()`` keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    task: str = "transcribe"
+    language: str | None = None
+    temperature: float = 0.0
+    sample_len: int | None = None  # default: n_text_ctx // 2
+    best_of: int | None = None  # independent samples at temperature > 0
+    length_penalty: float | None = None
+    prompt: str | Sequence[int] | None = None  # text of the previous window(s), fed after <|startofprev|>
+    prefix: str | Sequence[int] | None = None  # forced start of the current window's text
+    suppress_tokens: str | Iterable[int] | None = "-1"
+    suppress_blank: bool = True
+    without_timestamps: bool = False
+    max_initial_timestamp: float | None = 1.0
+    prefill: str = "exact"  # "exact" (multi-token decoder) or "table" (TextDecoderContextPrefill, WhisperKit)
+    seed: int = 0  # sampling at temperature > 0 is seeded: the same input gives the same output
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "language", _language(self.language))
+        _choice("task", self.task, TASKS)
+        _choice("prefill", self.prefill, PREFILLS)
+        _optional_number("temperature", self.temperature, minimum=0.0)
+        if self.temperature is None:
+            raise OptionsError("temperature must be a number >= 0")
+        if self.sample_len is not None and (not _is_int(self.sample_len) or self.sample_len < 1):
+            raise OptionsError(f"sample_len must be a positive integer, not {self.sample_len!r}")
+        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < 1):
+            raise OptionsError(f"best_of must be a positive integer, not {self.best_of!r}")
+
+
+# --- validation -------------------------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _choice(name: str, value, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise OptionsError(f"unknown {name} {value!r}; use {' or '.join(allowed)}")
+
+
+def _optional_number(name: str, value, minimum: float = -math.inf) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        bound = f" >= {minimum:g}" if minimum > -math.inf else ""
+        raise OptionsError(f"{name} must be a finite number{bound} or None, not {value!r}")
+
+
+def _language(value: str | None) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise OptionsError(f"language must be a code or a name, not {value!r}")
+    try:
+        return normalize_language(value)
+    except Exception as e:  # normalize_language's WhisperaneError, as an option error
+        raise OptionsError(str(e)) from None
+
+
+def _temperatures(value) -> tuple[float, ...]:
+    values = (value,) if isinstance(value, (int, float)) else value
+    try:
+        temps = tuple(float(t) for t in values if not isinstance(t, bool))
+    except (TypeError, ValueError):
+        raise OptionsError(f"temperature must be a number or a sequence of numbers, not {value!r}") from None
+    if not temps or len(temps) != len(values) or any(not math.isfinite(t) or t < 0 for t in temps):
+        raise OptionsError(f"temperature must be one or more finite numbers >= 0, not {value!r}")
+    return temps
+
+
+def clip_values(value: str | Sequence[float]) -> tuple[float, ...]:
+    """clip_timestamps as seconds: start, end, start, end, ... (a final start runs to the end of the audio)."""
+    try:
+        if isinstance(value, str):
+            values = tuple(float(x) for x in value.split(",") if x.strip())
+        else:
+            values = tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        raise OptionsError(f"clip_timestamps must be comma-separated seconds, not {value!r}") from None
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise OptionsError("clip_timestamps must be finite, non-negative seconds")
+    return values or (0.0,)
+
+
+def _token_ids(value) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        ids = [int(t) for t in value.split(",") if t.strip()] if isinstance(value, str) else [int(t) for t in value]
+    except (TypeError, ValueError):
+        raise OptionsError(f"suppress_tokens must be comma-separated token ids, not {value!r}") from None
+    if any(t < -1 for t in ids):
+        raise OptionsError("suppress_tokens must be token ids (or -1 for the default set)")
+    return tuple(ids)
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+
+def str2bool(v: str) -> bool:
+    if v.lower() in ("true", "1", "yes"):
+        return True
+    if v.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
+
+
+def optional_float(v: str) -> float | None:
+    return None if v.lower() == "none" else float(v)
+
+
+def _argument_type(f) -> dict:
+    """argparse keywords for a field, from its annotation (strings under ``from __future__``)."""
+    kind = str(f.type)
+    if kind == "bool":  # --flag, --flag True/False, --no-flag
+        return {"type": str2bool, "nargs": "?", "const": True}
+    if kind.startswith("float"):
+        return {"type": optional_float if "None" in kind else float}
+    if kind.startswith("int"):
+        return {"type": int}
+    return {"type": str}
+
+
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """The transcription options as flags (``--best-of``...); temperature as openai-whisper's CLI has it."""
+    for f in fields(TranscribeOptions):
+        meta = dict(f.metadata)
+        if meta.pop("cli", True) is False:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not MISSING else None
+        parser.add_argument(flag, dest=f.name, default=default, **_argument_type(f), **meta)
+        if str(f.type) == "bool":
+            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--temperature", type=float, default=0.0, help="first sampling temperature")
+    parser.add_argument("--temperature-increment-on-fallback", type=optional_float, default=0.2,
+                        help="added to the temperature on each fallback; none disables fallback")  # fmt: skip
+
+
+def options_from_args(args: argparse.Namespace) -> TranscribeOptions:
+    """TranscribeOptions from parsed flags; raises OptionsError for invalid values."""
+    values = {f.name: getattr(args, f.name) for f in fields(TranscribeOptions) if f.metadata.get("cli", True)}
+    start, step = args.temperature, args.temperature_increment_on_fallback
+    if step is not None and step <= 0:
+        raise OptionsError("--temperature-increment-on-fallback must be > 0 (or none)")
+    temps = [start]
+    while step and temps[-1] + step <= 1.0 + 1e-6:
+        temps.append(round(temps[-1] + step, 4))
+    return TranscribeOptions(**values, temperature=tuple(temps))
+
+
+__all__ = ["DecodingOptions", "TranscribeOptions", "add_option_arguments", "options_from_args"]
