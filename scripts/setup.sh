@@ -4,11 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-stamp=".venv/.whisperane-setup-$(sha256sum pyproject.toml | cut -c1-16)"
+# The stamp covers this script too, so a new step here runs on existing environments.
+stamp=".venv/.whisperane-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then exit 0; fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[convert,test]"
+# openai-whisper is a test-only reference (tests/openai_reference.py). --no-deps: its declared dependencies pull
+# triton, which the CPU never uses; what it needs at run time (tiktoken, numba, more-itertools) is in the test extra.
+.venv/bin/python -m pip install -q --no-deps "openai-whisper==20250625"
+.venv/bin/python -c "import whisper" # fail here, not in the tests, if the reference cannot load
 rm -f .venv/.whisperane-setup-*
 touch "$stamp"
