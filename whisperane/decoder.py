@@ -69,12 +69,13 @@ class DecoderState:
         self.update = np.zeros((batch, layout.length), dtype=np.float32)
         self.lengths = np.zeros(batch, dtype=np.int32)
         self.rows = np.arange(batch)
-        # The caches' feeds never change identity: built once, their contents change in place.
-        self.cache_feeds = {
-            **dict(zip(layout.names("key_cache"), self.keys, strict=True)),
-            **dict(zip(layout.names("value_cache"), self.values, strict=True)),
-        }
+        self._spare: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # for select()
+        self.cache_feeds = self._feeds()  # their contents change in place; ``select`` swaps the buffers
         self.native = None  # an executor's own state (Core ML MLState), when the decoder keeps the caches
+
+    def _feeds(self) -> dict[str, np.ndarray]:
+        return {**dict(zip(self.layout.names("key_cache"), self.keys, strict=True)),
+                **dict(zip(self.layout.names("value_cache"), self.values, strict=True))}  # fmt: skip
 
     @property
     def length(self) -> int:
@@ -124,10 +125,19 @@ class DecoderState:
         self.lengths[:] = n
 
     def select(self, rows: np.ndarray) -> None:
-        """Reorder or duplicate rows (beams) by gathering the caches up to the longest row."""
+        """Reorder or duplicate rows (beams): the caches up to the longest row are gathered into a second set
+        of buffers, allocated once, which then take the first set's place (no allocation per step)."""
+        rows = np.asarray(rows)
+        if (rows == self.rows).all():
+            return
         n = self.length
-        for cache in (*self.keys, *self.values):
-            cache[:, :, :, :n] = cache[rows, :, :, :n]
+        if self._spare is None:
+            self._spare = ([np.empty_like(c) for c in self.keys], [np.empty_like(c) for c in self.values])
+        for caches, spares in zip((self.keys, self.values), self._spare, strict=True):
+            for i, (cache, spare) in enumerate(zip(caches, spares, strict=True)):
+                np.take(cache[:, :, :, :n], rows, axis=0, out=spare[:, :, :, :n], mode="clip")
+                caches[i], spares[i] = spare, cache
+        self.cache_feeds = self._feeds()
         self.padding[:] = self.padding[rows]
         self.lengths[:] = self.lengths[rows]
 

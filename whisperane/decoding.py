@@ -223,36 +223,33 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
     if tokenizer is None or tokenizer.language != (language if model.is_multilingual else "en") or tokenizer.task != options.task:
         tokenizer = model.tokenizer(language=language, task=options.task)
     plan = plan_window(model, options, tokenizer)
-    n_group = (options.best_of or 5) if options.temperature > 0 else 1
+    beam = options.beam_size if options.temperature == 0 and options.beam_size else None
+    n_group = beam or ((options.best_of or 5) if options.temperature > 0 else 1)
     with model.decoding_state(n_group) as state:
-        first_logits, first_align, no_speech_prob = _prefill(model, state, enc, plan, tokenizer, options)
-        sampled = _sample_loop(model, state, enc, first_logits, first_align, plan, tokenizer, options, n_group)
-    return _best_result(sampled, plan, tokenizer, options, language_probs, no_speech_prob)
+        first = _prefill(model, state, enc, plan, tokenizer, options)
+        if beam:
+            hypotheses = _beam_search(model, state, enc, first[0], first[1], plan, tokenizer, options)
+        else:
+            hypotheses = _sample_loop(model, state, enc, first[0], first[1], plan, tokenizer, options, n_group)
+    return _best_result(hypotheses, tokenizer, options, language_probs, no_speech_prob=first[2])
 
 
-def _best_result(sampled, plan: WindowPlan, tokenizer: Tokenizer, options: DecodingOptions,
+def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
                  language_probs, no_speech_prob: float) -> DecodingResult:  # fmt: skip
-    """The sample with the best length-normalised log-probability, as a DecodingResult."""
-    tokens, sum_logprobs, token_logprobs, align_rows = sampled
-    seqs = []
-    for row in tokens:
-        t = row[plan.sample_begin :]
-        seqs.append(t[: t.index(tokenizer.eot)] if tokenizer.eot in t else t)
+    """The hypothesis with the best length-normalised log-probability (openai's MaximumLikelihoodRanker)."""
     scores = []
-    for k, seq in enumerate(seqs):
-        length = len(seq)
+    for h in hypotheses:
+        length = len(h.tokens)
         penalty = length if options.length_penalty is None else ((5 + length) / 6) ** options.length_penalty
-        scores.append(sum_logprobs[k] / max(penalty, 1e-9))
-    best = int(np.argmax(scores))
-    seq = seqs[best]
-    text = tokenizer.decode(seq).strip()
-    n_rows = min(len(seq) + 1, len(align_rows))
-    alignment = np.stack([row[best] for row in align_rows[:n_rows]], axis=1) if align_rows else None
+        scores.append(h.sum_logprob / max(penalty, 1e-9))
+    best = hypotheses[int(np.argmax(scores))]
+    text = tokenizer.decode(best.tokens).strip()
+    alignment = np.stack(best.alignment[: len(best.tokens) + 1], axis=1) if best.alignment else None
     return DecodingResult(
-        tokens=seq, text=text, language=tokenizer.language, language_probs=language_probs,
-        avg_logprob=float(sum_logprobs[best] / (len(seq) + 1)), sum_logprob=float(sum_logprobs[best]),
+        tokens=best.tokens, text=text, language=tokenizer.language, language_probs=language_probs,
+        avg_logprob=float(best.sum_logprob / (len(best.tokens) + 1)), sum_logprob=float(best.sum_logprob),
         no_speech_prob=no_speech_prob, temperature=options.temperature, compression_ratio=compression_ratio(text),
-        alignment=alignment, token_logprobs=[float(x) for x in token_logprobs[best][: len(seq)]],
+        alignment=alignment, token_logprobs=[float(x) for x in best.token_logprobs],
     )  # fmt: skip
 
 
@@ -283,7 +280,25 @@ def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, pl
     return logits[0, -1], align[0, :, -1], no_speech_prob
 
 
-def _sample_loop(model, state, enc, first_logits, first_align, plan: WindowPlan, tokenizer, options, n_group):
+@dataclass
+class Hypothesis:
+    """One decoded continuation: its sampled tokens (without <|endoftext|>), their log-probabilities and the
+    alignment-head attention of the rows that predicted each token and the final <|endoftext|>."""
+
+    tokens: list[int]
+    sum_logprob: float
+    token_logprobs: list[float]
+    alignment: list[np.ndarray]  # [A, F] per predicted token
+
+    def extended(self, token: int, logprob: float) -> Hypothesis:
+        return Hypothesis([*self.tokens, token], self.sum_logprob + logprob, [*self.token_logprobs, logprob], self.alignment)
+
+    def extended_final(self, logprob: float) -> Hypothesis:
+        """Closed by <|endoftext|>: its log-probability counts, the token is not kept."""
+        return Hypothesis(self.tokens, self.sum_logprob + logprob, self.token_logprobs, self.alignment)
+
+
+def _sample_loop(model, state, enc, first_logits, first_align, plan: WindowPlan, tokenizer, options, n_group) -> list[Hypothesis]:
     """Greedy (temperature 0) or sampled continuations of ``n_group`` rows until every row ends."""
     eot, filters, sample_len = tokenizer.eot, plan.filters, plan.sample_len
     tokens = [list(plan.initial) for _ in range(n_group)]
@@ -313,4 +328,62 @@ def _sample_loop(model, state, enc, first_logits, first_align, plan: WindowPlan,
             break
         logits, align = model.decoder.step(state, next_tokens, enc.cross)
         align_rows.append(align)
-    return tokens, sum_logprobs, token_logprobs, align_rows
+    hypotheses = []
+    for k in range(n_group):
+        seq = tokens[k][plan.sample_begin :]
+        seq = seq[: seq.index(eot)] if eot in seq else seq
+        rows = [row[k] for row in align_rows[: len(seq) + 1]]
+        hypotheses.append(Hypothesis(seq, float(sum_logprobs[k]), token_logprobs[k][: len(seq)], rows))
+    return hypotheses
+
+
+def _beam_search(model, state, enc, first_logits, first_align, plan: WindowPlan, tokenizer, options) -> list[Hypothesis]:
+    """openai-whisper's beam search: every beam proposes its beam_size + 1 best tokens; the best beam_size
+    unfinished candidates continue (their caches gathered into place), finished ones are collected up to
+    round(beam_size * patience); beams still open at the end are closed with <|endoftext|> if too few finished.
+    One decoder call per step runs every beam against the window's batch-1 cross K/V."""
+    beam, eot = options.beam_size, tokenizer.eot
+    max_candidates = round(beam * (options.patience or 1.0))
+    beams = [Hypothesis([], 0.0, [], [first_align])] * beam
+    logits = np.repeat(first_logits[None, :].astype(np.float32), beam, axis=0)
+    finished: dict[tuple[int, ...], Hypothesis] = {}
+    for i in range(plan.sample_len):
+        for f in plan.filters:
+            f.apply(logits, [plan.initial + h.tokens for h in beams])
+        logprobs = logits - logsumexp(logits)
+        beams, sources, newly_finished = _rank_candidates(beams, logprobs, beam, eot)
+        for seq, hyp in newly_finished:
+            if len(finished) >= max_candidates:
+                break  # the candidate list is full
+            finished[seq] = hyp
+        if len(finished) >= max_candidates or i == plan.sample_len - 1 or state.length >= state.layout.length:
+            break
+        state.select(np.asarray(sources))
+        logits, align = model.decoder.step(state, np.array([h.tokens[-1] for h in beams]), enc.cross)
+        beams = [Hypothesis(h.tokens, h.sum_logprob, h.token_logprobs, [*h.alignment, align[k]]) for k, h in enumerate(beams)]
+    for h in sorted(beams, key=lambda h: h.sum_logprob, reverse=True):  # not enough finished: close open beams
+        if len(finished) >= beam:
+            break
+        finished.setdefault((*h.tokens, eot), h)
+    return list(finished.values())
+
+
+def _rank_candidates(beams: list[Hypothesis], logprobs: np.ndarray, beam: int, eot: int):
+    """The next beams (best first), the row each came from, and the candidates that end with <|endoftext|>
+    (best first), as openai's BeamSearchDecoder.update ranks them."""
+    scores: dict[tuple[int, ...], tuple[float, int, int, float]] = {}
+    for j, h in enumerate(beams):
+        top = np.argpartition(-logprobs[j], beam)[: beam + 1]
+        for token in top[np.argsort(-logprobs[j, top], kind="stable")]:
+            lp = float(logprobs[j, token])
+            scores[(*h.tokens, int(token))] = (h.sum_logprob + lp, j, int(token), lp)
+    next_beams, sources, finished = [], [], []
+    for seq, (_score, j, token, lp) in sorted(scores.items(), key=lambda kv: kv[1][0], reverse=True):
+        if token == eot:
+            finished.append((seq, beams[j].extended_final(lp)))
+        else:
+            next_beams.append(beams[j].extended(token, lp))
+            sources.append(j)
+            if len(next_beams) == beam:
+                break
+    return next_beams, sources, finished

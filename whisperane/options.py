@@ -47,6 +47,11 @@ class TranscribeOptions:
     prepend_punctuations: str = field(default=PREPEND_PUNCTUATIONS, metadata=_help("merged with the next word"))
     append_punctuations: str = field(default=APPEND_PUNCTUATIONS, metadata=_help("merged with the previous word"))
     best_of: int | None = field(default=5, metadata=_help("samples at temperature > 0"))
+    beam_size: int | None = field(default=None, metadata=_help("beams at temperature 0 (None: greedy)"))
+    patience: float | None = field(default=None, metadata=_help(
+        "beam search collects round(beam_size * patience) finished hypotheses (default 1.0)"))  # fmt: skip
+    length_penalty: float | None = field(default=None, metadata=_help(
+        "rank hypotheses by log-probability / ((5 + length) / 6) ** alpha (None: / length)"))  # fmt: skip
     suppress_tokens: str | Sequence[int] | None = field(default="-1", metadata=_help(
         "comma-separated token ids to suppress; -1: the non-speech symbols"))  # fmt: skip
     suppress_blank: bool = field(default=True, metadata=_help("no blank or end of text as the first token"))
@@ -68,8 +73,7 @@ class TranscribeOptions:
             _optional_number(name, getattr(self, name))
         for name in ("hallucination_silence_threshold", "max_initial_timestamp"):
             _optional_number(name, getattr(self, name), minimum=0.0)
-        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < 1):
-            raise OptionsError(f"best_of must be a positive integer, not {self.best_of!r}")
+        _search_options(self.best_of, self.beam_size, self.patience, self.length_penalty)
         for name in ("initial_prompt", "prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
@@ -81,7 +85,9 @@ class TranscribeOptions:
         """The options of one window's decoding at one temperature."""
         return DecodingOptions(
             task=self.task, language=language, temperature=temperature,
-            best_of=self.best_of if temperature > 0 else None, prompt=list(prompt) if prompt else None,
+            best_of=self.best_of if temperature > 0 else None, beam_size=None if temperature > 0 else self.beam_size,
+            patience=None if temperature > 0 else self.patience, length_penalty=self.length_penalty,
+            prompt=list(prompt) if prompt else None,
             prefix=self.prefix, suppress_tokens=self.suppress_tokens, suppress_blank=self.suppress_blank,
             without_timestamps=self.without_timestamps, max_initial_timestamp=self.max_initial_timestamp,
             prefill=self.prefill, seed=seed,
@@ -99,7 +105,9 @@ class DecodingOptions:
     temperature: float = 0.0
     sample_len: int | None = None  # default: n_text_ctx // 2
     best_of: int | None = None  # independent samples at temperature > 0
-    length_penalty: float | None = None
+    beam_size: int | None = None  # beam search at temperature 0
+    patience: float | None = None  # finished hypotheses collected: round(beam_size * patience)
+    length_penalty: float | None = None  # None: rank by log-probability / length; else the GNMT penalty
     prompt: str | Sequence[int] | None = None  # text of the previous window(s), fed after <|startofprev|>
     prefix: str | Sequence[int] | None = None  # forced start of the current window's text
     suppress_tokens: str | Iterable[int] | None = "-1"
@@ -118,8 +126,11 @@ class DecodingOptions:
             raise OptionsError("temperature must be a number >= 0")
         if self.sample_len is not None and (not _is_int(self.sample_len) or self.sample_len < 1):
             raise OptionsError(f"sample_len must be a positive integer, not {self.sample_len!r}")
-        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < 1):
-            raise OptionsError(f"best_of must be a positive integer, not {self.best_of!r}")
+        _search_options(self.best_of, self.beam_size, self.patience, self.length_penalty)
+        if self.beam_size is not None and self.best_of is not None:
+            raise OptionsError("beam_size and best_of can't be given together")
+        if self.temperature == 0 and self.best_of is not None:
+            raise OptionsError("best_of with greedy sampling (temperature 0) is not compatible")
 
 
 # --- validation -------------------------------------------------------------------------------------------
@@ -140,6 +151,21 @@ def _optional_number(name: str, value, minimum: float = -math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
         bound = f" >= {minimum:g}" if minimum > -math.inf else ""
         raise OptionsError(f"{name} must be a finite number{bound} or None, not {value!r}")
+
+
+def _search_options(best_of, beam_size, patience, length_penalty) -> None:
+    """openai-whisper's rules for best_of, beam_size, patience and length_penalty."""
+    for name, value in (("best_of", best_of), ("beam_size", beam_size)):
+        if value is not None and (not _is_int(value) or value < 1):
+            raise OptionsError(f"{name} must be a positive integer, not {value!r}")
+    _optional_number("patience", patience, minimum=0.0)
+    if patience is not None and beam_size is None:
+        raise OptionsError("patience requires beam_size to be given")
+    _optional_number("length_penalty", length_penalty, minimum=0.0)
+    if length_penalty is not None and length_penalty > 1:
+        raise OptionsError("length_penalty (alpha) should be a value between 0 and 1")
+    if patience is not None and round(beam_size * patience) < 1:
+        raise OptionsError("patience leaves no hypothesis to collect: round(beam_size * patience) must be >= 1")
 
 
 def _language(value: str | None) -> str | None:

@@ -258,6 +258,15 @@ PACKAGES = {
 PALETTIZED_PACKAGES = ("AudioEncoder", "TextDecoder", "TextDecoderStateful")  # where the weights are
 
 
+def _build_package(build: Callable[[], object], path: Path):
+    try:
+        return build()
+    except ConversionError:
+        raise
+    except Exception as e:  # coremltools reports unsupported ops and shape errors with many exception types
+        raise ConversionError(f"{path}: Core ML conversion failed ({type(e).__name__}: {e})") from e
+
+
 def export_all(
     out_dir: Path,
     dims: ModelDimensions,
@@ -297,16 +306,7 @@ def export_all(
             continue
         say(f"converting {stem}.mlpackage")
         t0 = time.time()
-        try:
-            mlmodel = builders[stem]()
-        except ConversionError:
-            raise
-        except (
-            Exception
-        ) as e:  # coremltools reports unsupported ops and shape errors with many exception types
-            raise ConversionError(
-                f"{out_dir / stem}.mlpackage: Core ML conversion failed ({type(e).__name__}: {e})"
-            ) from e
+        mlmodel = _build_package(builders[stem], out_dir / f"{stem}.mlpackage")
         description = f"whisperane {stem} (contract v1, S={s})"
         components.setdefault(component, {})[kind] = _save(
             mlmodel, out_dir / f"{stem}.mlpackage", description

@@ -150,28 +150,7 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
 
     components: dict[str, dict[str, str]] = {}
     if "onnx" in formats:
-        for name, export in (
-            ("MelSpectrogram", lambda p, **kw: export_onnx.export_mel(mel, p)),
-            ("AudioEncoder", lambda p, **kw: export_onnx.export_encoder(encoder, dims, p, **kw)),
-            ("TextDecoder", lambda p, **kw: export_onnx.export_decoder(decoder, dims, s, p)),
-            ("TextDecoderSequence", lambda p, **kw: export_onnx.export_decoder_sequence(sequence, dims, s, p, **kw)),
-            ("TextDecoderContextPrefill", lambda p, **kw: export_onnx.export_prefill(prefill, p)),
-        ):
-            say(f"exporting {name}.onnx")
-            export(tmp / f"{name}.onnx")
-            components.setdefault(name, {})["onnx"] = f"{name}.onnx"
-            if name in INT8_COMPONENTS:
-                say(f"quantizing {name}.int8.onnx")
-                # per-layer cross caches: the encoder outputs them and the decoder reads them one layer each
-                staged = tmp / f".{name}.per-layer.onnx"
-                export(staged, per_layer=True)
-                if name == "AudioEncoder":
-                    quantize.quantize_dynamic_int8(staged, tmp / f"{name}.int8.onnx")
-                else:  # the token lookup runs on the host, from a memory-mapped table (quantize.py says why)
-                    quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx", host_embedding=tmp / TOKEN_EMBEDDING_FILE)
-                    components[name]["onnx-int8-embedding"] = TOKEN_EMBEDDING_FILE
-                staged.unlink()
-                components[name]["onnx-int8"] = f"{name}.int8.onnx"
+        components = _export_onnx(tmp, dims, s, mel, encoder, decoder, sequence, prefill, say)
     if "coreml" in formats:
         from . import export_coreml
 
@@ -183,23 +162,56 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
         ).items():
             components.setdefault(name, {}).update(rel)
 
-    files = sorted(
-        str(p.relative_to(tmp)) for p in tmp.iterdir() if p.name != CONFIG_NAME and not p.name.startswith(".")
-    )
-    config = {
+    extra = {"prefill_length": int(key_table.shape[-1]), **tokens, "components": components, "conversion_options": options}
+    config = _config(tmp, ckpt, resolved, s, palettize, extra, time.time() - t0)
+    (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _export_onnx(tmp: Path, dims, s: int, mel, encoder, decoder, sequence, prefill, say) -> dict[str, dict[str, str]]:
+    """The ONNX components and their int8 variants; returns the config's ``components`` entries."""
+    components: dict[str, dict[str, str]] = {}
+    for name, export in (
+        ("MelSpectrogram", lambda p, **kw: export_onnx.export_mel(mel, p)),
+        ("AudioEncoder", lambda p, **kw: export_onnx.export_encoder(encoder, dims, p, **kw)),
+        ("TextDecoder", lambda p, **kw: export_onnx.export_decoder(decoder, dims, s, p)),
+        ("TextDecoderSequence", lambda p, **kw: export_onnx.export_decoder_sequence(sequence, dims, s, p, **kw)),
+        ("TextDecoderContextPrefill", lambda p, **kw: export_onnx.export_prefill(prefill, p)),
+    ):
+        say(f"exporting {name}.onnx")
+        export(tmp / f"{name}.onnx")
+        components.setdefault(name, {})["onnx"] = f"{name}.onnx"
+        if name in INT8_COMPONENTS:
+            say(f"quantizing {name}.int8.onnx")
+            # per-layer cross caches: the encoder outputs them and the decoder reads them one layer each
+            staged = tmp / f".{name}.per-layer.onnx"
+            export(staged, per_layer=True)
+            if name == "AudioEncoder":
+                quantize.quantize_dynamic_int8(staged, tmp / f"{name}.int8.onnx")
+            else:  # the token lookup runs on the host, from a memory-mapped table (quantize.py says why)
+                quantize.quantize_int8(staged, tmp / f"{name}.int8.onnx", host_embedding=tmp / TOKEN_EMBEDDING_FILE)
+                components[name]["onnx-int8-embedding"] = TOKEN_EMBEDDING_FILE
+            staged.unlink()
+            components[name]["onnx-int8"] = f"{name}.int8.onnx"
+    return components
+
+
+def _config(tmp: Path, ckpt, resolved, s: int, palettize, extra: dict, seconds: float) -> dict:
+    """config.json: the contract version, dims, tokens, components and a sha256 of every file written."""
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.iterdir() if p.name != CONFIG_NAME and not p.name.startswith("."))
+    coreml_precision = "float16 (mel float32)" + (f", palettized {palettize}-bit" if palettize else "")
+    return {
         "contract_version": CONTRACT_VERSION,
         "name": tmp.name.split(".partial-")[0].lstrip("."),
-        "dims": dims.to_dict(),
+        "dims": ckpt.dims.to_dict(),
         "cache_length": s,
-        "prefill_length": int(key_table.shape[-1]),
-        **tokens,
+        "prefill_length": extra["prefill_length"],
+        **{k: v for k, v in extra.items() if k not in ("prefill_length", "components", "conversion_options")},
         "alignment_heads": [list(h) for h in ckpt.alignment_heads],
-        "components": components,
-        "precision": {"onnx": "float32", "onnx-int8": INT8_PRECISION, "coreml": "float16 (mel float32)" + (f", palettized {palettize}-bit" if palettize else "")},
-        "conversion_options": options,
+        "components": extra["components"],
+        "precision": {"onnx": "float32", "onnx-int8": INT8_PRECISION, "coreml": coreml_precision},
+        "conversion_options": extra["conversion_options"],
         "source": {"origin": resolved.origin, "format": resolved.format, "path": str(resolved.path), "sha256": resolved.sha256},
         "files": {f: hash_path(tmp / f) for f in files},
         "created_by": f"whisperane {__version__}",
-        "conversion_seconds": round(time.time() - t0, 1),
+        "conversion_seconds": round(seconds, 1),
     }
-    (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
