@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+from reference import log_mel_spectrogram_numpy
 
 from whisperane.audio import (
     HOP_LENGTH,
@@ -21,7 +22,6 @@ from whisperane.audio import (
     SAMPLE_RATE,
     AudioStream,
     load_audio,
-    log_mel_spectrogram_numpy,
     mel_filters,
     open_audio,
     pad_or_trim,

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import reference
 import torch
 from conftest import CLIPS, Clip, TorchWhisper, teacher_forced_tokens
 from onnx import numpy_helper
@@ -48,7 +49,7 @@ torch.set_num_threads(1)
 
 
 def psnr(ref, x) -> float:
-    value = modules.psnr(np.asarray(ref), np.asarray(x))
+    value = reference.psnr(np.asarray(ref), np.asarray(x))
     return value
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference import psnr
 
 torch = pytest.importorskip("torch")
 ct = pytest.importorskip("coremltools")
@@ -374,7 +375,7 @@ def window(torch_modules) -> dict:
 @macos_only
 def test_coreml_mel_matches_torch(bundle, window):
     got = _load(bundle[0] / "MelSpectrogram.mlpackage").predict({"audio": window["audio"].numpy()})
-    assert modules.psnr(window["mel"].numpy(), got["melspectrogram_features"]) >= 35
+    assert psnr(window["mel"].numpy(), got["melspectrogram_features"]) >= 35
 
 
 @macos_only
@@ -387,7 +388,7 @@ def test_coreml_encoder_matches_torch(bundle, window):
         ("encoder_attn_key_cache", "enc_k"),
         ("encoder_attn_value_cache", "enc_v"),
     ):
-        assert modules.psnr(window[ref].numpy(), got[name]) >= 35, name
+        assert psnr(window[ref].numpy(), got[name]) >= 35, name
 
 
 @macos_only
@@ -398,8 +399,8 @@ def test_coreml_prefill_matches_torch(bundle, torch_modules):
     }
     k, v = torch_modules["prefill"](**inputs)
     got = _load(bundle[0] / "TextDecoderContextPrefill.mlpackage").predict(_np(inputs))
-    assert modules.psnr(k.numpy(), got["key_cache_prefill"]) >= 35
-    assert modules.psnr(v.numpy(), got["value_cache_prefill"]) >= 35
+    assert psnr(k.numpy(), got["key_cache_prefill"]) >= 35
+    assert psnr(v.numpy(), got["value_cache_prefill"]) >= 35
 
 
 @macos_only
@@ -417,10 +418,10 @@ def test_coreml_decoders_match_torch_over_several_steps(bundle, torch_modules, w
         ref = decoder(*(full[n] for n in export_coreml.DECODER_INPUTS))
         got = stateless.predict(_np(full))
         for name, r in zip(export_coreml.DECODER_OUTPUTS, ref, strict=True):
-            assert modules.psnr(r.numpy(), got[name]) >= 35, (position, name)
+            assert psnr(r.numpy(), got[name]) >= 35, (position, name)
         got_state = stateful.predict(_np(step), state=state)
         for name in export_coreml.STATEFUL_OUTPUTS:
             r = ref[export_coreml.DECODER_OUTPUTS.index(name)]
-            assert modules.psnr(r.numpy(), got_state[name]) >= 35, (position, name)
+            assert psnr(r.numpy(), got_state[name]) >= 35, (position, name)
         key_cache[..., position] = ref[1][..., 0]
         value_cache[..., position] = ref[2][..., 0]

@@ -18,9 +18,10 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import CLIPS, CORPUS_DIR, Clip, TorchWhisper, teacher_forced_tokens
+from reference import psnr
 
 from whisperane.bundle import BundleInfo
-from whisperane.convert.modules import MASK_VALUE, psnr
+from whisperane.convert.modules import MASK_VALUE
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)  # see test_convert.py: two OpenMP threads crawl on a busy two-core machine

@@ -1,11 +1,11 @@
-"""Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; log-mel reference.
+"""Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; the mel filters.
 
 Files go through soundfile (libsndfile: wav, flac, ogg/opus, mp3, aiff, ...) and soxr; other containers
 (m4a, mp4, webm, ...) go through ffmpeg when it is on PATH. Long files are read as a stream
 (:class:`AudioStream`) so that a two-hour recording never sits in memory whole.
 
-The log-mel functions are the project's numpy reference of openai-whisper's front end; ``mel_filters``
-is the one filter bank every implementation (the exported MelSpectrogram component included) uses.
+``mel_filters`` is the one filter bank every log-mel implementation (the exported MelSpectrogram
+component, and the tests' numpy reference in tests/reference.py) uses.
 """
 
 from __future__ import annotations
@@ -459,7 +459,7 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------------
-# log-mel spectrogram (numpy reference of openai-whisper's)
+# mel filter bank (openai-whisper's, as librosa computes it)
 
 
 def _hz_to_mel_slaney(freq: np.ndarray) -> np.ndarray:
@@ -509,35 +509,3 @@ def mel_filters(n_mels: int) -> np.ndarray:
     if n_mels <= 0:
         raise ValueError(f"n_mels must be positive, got {n_mels}")
     return _mel_filters(int(n_mels), SAMPLE_RATE, N_FFT).copy()
-
-
-def hann_window(length: int = N_FFT) -> np.ndarray:
-    """Periodic Hann window (torch.hann_window's default), float64."""
-    return 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(length) / length)
-
-
-def log_mel_spectrogram_numpy(audio: np.ndarray, n_mels: int = 80, padding: int = 0) -> np.ndarray:
-    """openai-whisper's log-mel spectrogram [n_mels, len(audio) // HOP_LENGTH] float32, in numpy.
-
-    Reflect-padded centred STFT (n_fft 400, hop 160, periodic Hann), power spectrum, the last frame
-    dropped, Slaney mel filters, log10 clamped at 1e-10, dynamic range limited to 8 (i.e. 80 dB) below
-    the maximum, scaled by (x + 4) / 4. Computed in float64, in blocks of frames to bound memory.
-    """
-    x = np.asarray(audio, dtype=np.float64).reshape(-1)
-    if padding > 0:
-        x = np.pad(x, (0, padding))
-    x = np.pad(x, (N_FFT // 2, N_FFT // 2), mode="reflect")
-    n_frames = 1 + (len(x) - N_FFT) // HOP_LENGTH - 1  # the last STFT frame is dropped, as Whisper does
-    filters = _mel_filters(int(n_mels), SAMPLE_RATE, N_FFT).astype(np.float64)
-    window = hann_window(N_FFT)
-    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP_LENGTH][: max(n_frames, 0)]
-    mel = np.empty((n_mels, len(frames)), dtype=np.float64)
-    block = 4096
-    for i in range(0, len(frames), block):
-        spectrum = np.fft.rfft(frames[i : i + block] * window, axis=-1)
-        power = spectrum.real**2 + spectrum.imag**2
-        mel[:, i : i + block] = filters @ power.T
-    log_spec = np.log10(np.maximum(mel, 1e-10))
-    if log_spec.size:
-        log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
-    return ((log_spec + 4.0) / 4.0).astype(np.float32)

@@ -15,8 +15,6 @@ stem runs as Conv2d on [B, M, 1, T]. Attention is computed by an interchangeable
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -526,11 +524,3 @@ def build_decoder(ckpt, cls=TextDecoder, sdpa: str = "einsum", layout: str = "an
         _load_ln(b.mlp_ln, sd, f"{p}.mlp_ln")
     _load_ln(dec.ln, sd, "decoder.ln")
     return dec.eval()
-
-
-def psnr(ref: np.ndarray, x: np.ndarray) -> float:
-    """DESIGN.md §6: 20 log10((max|ref| + 1e-5) / (RMSE + 1e-10))."""
-    ref = np.asarray(ref, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64)
-    rmse = math.sqrt(float(np.mean((ref - x) ** 2)))
-    return 20 * math.log10((float(np.abs(ref).max()) + 1e-5) / (rmse + 1e-10))
