@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from conftest import CORPUS_DIR, DATA_DIR, REPO_ROOT
 
 import whisperane
 from whisperane import batch
-from whisperane.batch_shards import RESULT_SCHEMA, read_shard
+from whisperane.batch_shards import RESULT_SCHEMA, OutputDir, file_sha256, plan, read_shard
+from whisperane.errors import WhisperaneError
 
 pytestmark = pytest.mark.slow
 
@@ -86,15 +88,52 @@ def _rows(out: Path) -> list[dict]:
     return rows
 
 
+def _workers_of_this_process() -> list[int]:
+    """The pids of the Ray actors (``ray::MapWorker...``) this test process's local Ray runs."""
+    parents, names = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            names[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [pid for pid, cmd in names.items() if cmd.startswith(b"ray::MapWorker") and descends(pid)]
+
+
 @pytest.fixture(scope="module")
 def directory_run(local_ray, tiny_en_bundle, audio_dir, tmp_path_factory):
+    """The directory run; one of its two actors is killed (SIGKILL) once the first shard is written."""
     out = tmp_path_factory.mktemp("batch") / "out"
+    killed: list[tuple[int, int]] = []  # (pid, shards written when it was killed)
+
+    def kill_a_worker():
+        deadline = time.monotonic() + 600
+        while not killed and time.monotonic() < deadline:
+            shards, workers = len(list(out.glob("part-*"))), _workers_of_this_process()
+            if shards and workers:
+                os.kill(workers[0], signal.SIGKILL)
+                killed.append((workers[0], shards))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_a_worker, daemon=True)
+    watcher.start()
     code, err = _batch(audio_dir, "--output", out, "--model", tiny_en_bundle, "--workers", 2, "--shard-size", 3)
-    return code, err, out
+    killed.append((0, 0))  # stops the watcher when the run ended first
+    watcher.join()
+    return code, err, out, killed[0]
 
 
 def test_directory_gives_one_row_per_file(directory_run, audio_dir, reference):
-    code, err, out = directory_run
+    code, err, out, _ = directory_run
     rows = {r["path"]: r for r in _rows(out)}
     files = {str(p.resolve()) for p in audio_dir.rglob("*") if p.is_file()}
     assert set(rows) == files and len(files) == len(CLIP_FILES) + 2
@@ -113,8 +152,14 @@ def test_directory_gives_one_row_per_file(directory_run, audio_dir, reference):
     assert any(line.startswith(f"whisperane: {len(files)}/{len(files)} files, ") and "RTF" in line for line in err)
 
 
+def test_a_killed_worker_is_restarted_and_its_files_redone(directory_run):
+    # Its rows are checked with the others in test_directory_gives_one_row_per_file.
+    _, _, _, (pid, shards_then) = directory_run
+    assert pid > 0 and 1 <= shards_then < 3, "no worker was killed while the run had files to do"
+
+
 def test_rerun_skips_rows_and_retries_errors_on_request(directory_run, audio_dir, tiny_en_bundle, tmp_path):
-    _, _, first = directory_run
+    _, _, first, _ = directory_run
     out = tmp_path / "out"
     shutil.copytree(first, out)
     before = {p.name: p.read_bytes() for p in out.glob("part-*")}
@@ -173,7 +218,7 @@ def test_manifest_keeps_its_columns(kind, local_ray, tiny_en_bundle, audio_dir, 
 
 
 def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, audio_dir, tiny_en_bundle, tmp_path):
-    _, _, complete = directory_run
+    _, _, complete, _ = directory_run
     out = tmp_path / "out"
     args = [audio_dir, "--output", out, "--model", tiny_en_bundle, "--workers", 2, "--shard-size", 1]
     proc = subprocess.Popen([sys.executable, "-m", "whisperane.batch", *map(str, args)], cwd=REPO_ROOT,
@@ -189,7 +234,7 @@ def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, aud
     assert 2 <= len(first) < len(CLIP_FILES) + 2, "the run was not killed midway"
     (out / ".tmp-part-0-00009.jsonl.1").write_text('{"path": "half a row')  # as a kill during a write leaves
     code, err = _batch(*args)
-    assert code == 1
+    assert code == 1 and f"whisperane: error: 2 of {len(CLIP_FILES) + 2} file(s) failed; their rows in {out} hold the errors" in err
     assert {p: p.read_bytes() for p in first} == first  # shards of the killed run untouched
     assert not list(out.glob(".tmp-*"))
     rows = _rows(out)
@@ -216,3 +261,21 @@ def test_bad_invocations_fail_in_one_line(tmp_path):
     for argv, status, message in cases:
         code, err = _batch(*argv)
         assert (code, len(err)) == (status, 1) and message in err[0] and err[0].startswith("whisperane: error: ")
+
+
+def test_rows_stand_while_the_file_is_unchanged(tmp_path):
+    a, b, c = (str(tmp_path / name) for name in ("a.wav", "b.wav", "c.wav"))
+    for path in (a, b, c):
+        Path(path).write_bytes(path.encode())
+    out = OutputDir.open(tmp_path / "out", "jsonl", {"model": "m"})
+    out.write(pa.Table.from_pylist([{"path": a, "sha256": file_sha256(a), "error": None},
+                                    {"path": b, "sha256": file_sha256(b), "error": None},
+                                    {"path": c, "sha256": file_sha256(c), "error": f"{c}: bad"}]))  # fmt: skip
+    Path(b).write_bytes(b"new content")
+    again = OutputDir.open(tmp_path / "out", "jsonl", {"model": "m"})
+    assert plan(again, [a, b, c], retry_errors=False) == ([b], [a, c])
+    assert [r["path"] for r in _rows(tmp_path / "out")] == [a, c]  # the changed file's row is gone
+    assert plan(again, [a, b, c], retry_errors=True) == ([b, c], [a])
+    assert [r["path"] for r in _rows(tmp_path / "out")] == [a]
+    with pytest.raises(WhisperaneError, match="holds results made with another model; re-run with the same"):
+        OutputDir.open(tmp_path / "out", "jsonl", {"model": "other"})

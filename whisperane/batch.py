@@ -119,7 +119,7 @@ def transcribe_dataset(
     from .bundle import resolve_bundle
     from .options import TranscribeOptions
 
-    option_kwargs = dataclasses.asdict(TranscribeOptions.from_kwargs(**options))  # bad options fail here, once
+    option_kwargs = dataclasses.asdict(TranscribeOptions(**options))  # bad options fail here, in the driver, once
     bundle = resolve_bundle(model)
     if not isinstance(data, ray.data.Dataset):
         paths = [os.path.abspath(p) for p in data]
@@ -230,7 +230,7 @@ def _run_locked(args: argparse.Namespace, inputs: pa.Table, root: Path, options:
     except (WhisperaneError, OSError, ValueError) as e:
         _error(f"{args.output}: {e}" if isinstance(e, OSError) else str(e))
         return 1
-    earlier = [out.rows[p][1]["error"] for p in done if out.rows[p][1].get("error") is not None]
+    earlier = [out.rows[p].error for p in done if out.rows[p].error is not None]
     if done:
         _note(f"{len(done)} of {len(paths)} file(s) already have rows in {args.output}, skipped"
               + (f" ({len(earlier)} with errors; --retry-errors retries them)" if earlier else ""))  # fmt: skip

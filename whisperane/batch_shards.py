@@ -86,6 +86,31 @@ def write_shard(path: Path, table: pa.Table) -> None:
     _atomic_write(path, lambda f: f.write(lines.encode("utf-8")))
 
 
+def _shard_keys(path: Path) -> list[tuple[str, str | None, str | None]]:
+    """(path, sha256, error) of each row of a shard: all that resuming needs, not the transcripts."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path, columns=["path", "sha256", "error"])
+        return list(zip(*(table.column(c).to_pylist() for c in ("path", "sha256", "error")), strict=True))
+    keys = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                keys.append((row["path"], row.get("sha256"), row.get("error")))
+    return keys
+
+
+@dataclass(frozen=True)
+class Done:
+    """A file's row in a complete shard."""
+
+    shard: Path
+    sha256: str | None
+    error: str | None
+
+
 def read_shard(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -101,7 +126,7 @@ class OutputDir:
 
     root: Path
     fmt: str
-    rows: dict[str, tuple[Path, dict]] = field(default_factory=dict)
+    rows: dict[str, Done] = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
     written: int = 0
 
@@ -126,8 +151,8 @@ class OutputDir:
             _atomic_write(run_file, lambda f: f.write(json.dumps(settings, indent=1, sort_keys=True).encode()))
         out = cls(root, fmt)
         for shard in sorted(root.glob(f"{SHARD_PREFIX}*{FORMATS[fmt]}")):
-            for row in read_shard(shard):
-                out.rows[row["path"]] = (shard, row)
+            for path, sha256, error in _shard_keys(shard):
+                out.rows[path] = Done(shard, sha256, error)
         return out
 
     def write(self, table: pa.Table) -> Path:
@@ -139,7 +164,7 @@ class OutputDir:
     def drop(self, paths: set[str]) -> None:
         """Take the rows of ``paths`` out of their shards (each shard rewritten atomically, deleted when
         empty), so that redoing them leaves one row per file."""
-        shards = {self.rows[p][0] for p in paths if p in self.rows}
+        shards = {self.rows[p].shard for p in paths if p in self.rows}
         for shard in shards:
             if shard.suffix == ".parquet":
                 import pyarrow.compute as pc
@@ -171,12 +196,11 @@ def plan(out: OutputDir, paths: list[str], retry_errors: bool) -> tuple[list[str
         if previous is None:
             todo.append(path)
             continue
-        row = previous[1]
-        if row.get("error") is not None:
+        if previous.error is not None:
             stands = not retry_errors
         else:
             try:
-                stands = file_sha256(path) == row.get("sha256")
+                stands = file_sha256(path) == previous.sha256
             except OSError:
                 stands = False
         (done if stands else todo).append(path)
