@@ -124,6 +124,16 @@ class DecoderState:
         self.padding[:, n:] = MASKED
         self.lengths[:] = n
 
+    def set_row(self, row: int, other: DecoderState, other_row: int = 0) -> None:
+        """Row ``row`` takes ``other``'s row (its cache, mask and position): rows prepared apart (each window's
+        own prompt) decoded together."""
+        n = int(other.lengths[other_row])
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            for cache, source in zip(mine, theirs, strict=True):
+                cache[row, :, :, :n] = source[other_row, :, :, :n]
+        self.padding[row] = other.padding[other_row]
+        self.lengths[row] = n
+
     def select(self, rows: np.ndarray) -> None:
         """Reorder or duplicate rows (beams): the caches up to the longest row are gathered into a second set
         of buffers, allocated once, which then take the first set's place (no allocation per step)."""

@@ -1,0 +1,100 @@
+"""Beam search against openai-whisper's own (its torch ``Whisper`` on the same weights, float32, CPU).
+
+Both decode every corpus clip (tests/data without the corpus) with beam 5 at temperature 0 only (a sampled
+fallback could not be compared), without word timestamps, so the segments' times are the timestamp tokens the
+beam search chose. A clip may differ only where openai's own two best final hypotheses score within
+``TIE_MARGIN`` of each other (then float32 rounding between torch and ONNX Runtime may pick the other one): such
+clips are named and counted, at most one per model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CORPUS_DIR, DATA_DIR
+from openai_reference import load_openai_model, openai_beam_search
+
+import whisperane
+from whisperane.audio import load_audio
+
+TIE_MARGIN = 0.01
+BEAM = 5
+DATA_CLIPS = {  # tests/data: id -> (file, language)
+    "jfk": ("jfk.flac", "en"), "1089-134686-0001": ("1089-134686-0001.flac", "en"),
+    "1089-134691-0000": ("1089-134691-0000.flac", "en"), "1089-134691-0001": ("1089-134691-0001.flac", "en"),
+    "LJ001-0002": ("LJ001-0002.flac", "en"), "LJ001-0008": ("LJ001-0008.flac", "en"),
+    "es": ("test_es.wav", "es"), "de": ("test_de.wav", "de"),
+}  # fmt: skip
+
+
+def clips(english_only: bool) -> list[tuple[str, Path]]:
+    manifest = CORPUS_DIR / "manifest.jsonl"
+    if manifest.is_file():
+        entries = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+        found = [(e["id"], CORPUS_DIR / e["audio"], e["language"]) for e in entries]
+    else:
+        found = [(cid, DATA_DIR / f, lang) for cid, (f, lang) in DATA_CLIPS.items()]
+    return [(cid, path) for cid, path, lang in found if lang == "en" or not english_only]
+
+
+def openai_with_margins(model, audio: np.ndarray) -> tuple[dict, list[float]]:
+    """openai's beam-5 result and, for each window, the score gap between its two best final hypotheses."""
+    import whisper.decoding as decoding
+
+    margins: list[float] = []
+    original = decoding.MaximumLikelihoodRanker.rank
+
+    def rank(self, tokens, sum_logprobs):
+        for seqs, logprobs in zip(tokens, sum_logprobs, strict=True):
+            lengths = [len(t) for t in seqs]
+            penalty = [n if self.length_penalty is None else ((5 + n) / 6) ** self.length_penalty for n in lengths]
+            scores = sorted((lp / p for lp, p in zip(logprobs, penalty, strict=True)), reverse=True)
+            margins.append(scores[0] - scores[1] if len(scores) > 1 else float("inf"))
+        return original(self, tokens, sum_logprobs)
+
+    decoding.MaximumLikelihoodRanker.rank = rank
+    try:
+        return openai_beam_search(model, audio, beam_size=BEAM, temperature=0.0, word_timestamps=False), margins
+    finally:
+        decoding.MaximumLikelihoodRanker.rank = original
+
+
+def segments_of(result) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each non-empty segment; openai keeps empty ones, whisperane drops them."""
+    segments = result["segments"] if isinstance(result, dict) else [s.to_dict() for s in result.segments]
+    return [(round(s["start"], 2), round(s["end"], 2), s["text"]) for s in segments if s["text"].strip()]
+
+
+def compare_with_openai(bundle: Path, ct2_dir: Path, english_only: bool) -> tuple[int, list[str]]:
+    """Clips compared, and the ids of those that differ from openai (asserted to be near-ties)."""
+    ours_model = whisperane.load_model(bundle, compute_type="float32")
+    theirs_model = load_openai_model(ct2_dir)
+    differing = []
+    compared = 0
+    for cid, path in clips(english_only):
+        audio = load_audio(str(path))
+        theirs, margins = openai_with_margins(theirs_model, audio)
+        ours = ours_model.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False,
+                                     language=theirs["language"] if ours_model.is_multilingual else None)  # fmt: skip
+        compared += 1
+        if segments_of(ours) != segments_of(theirs):
+            assert min(margins) < TIE_MARGIN, (cid, segments_of(ours), segments_of(theirs), margins)
+            differing.append(cid)
+    return compared, differing
+
+
+@pytest.mark.slow
+def test_tiny_en_beam5_matches_openai(tiny_en_bundle, ct2_tiny_en_dir):
+    compared, differing = compare_with_openai(tiny_en_bundle, ct2_tiny_en_dir, english_only=True)
+    print(f"tiny.en beam 5: {compared} clips, near-tie differences: {differing}")
+    assert compared >= 6 and len(differing) <= 1, differing
+
+
+@pytest.mark.slow
+def test_base_beam5_matches_openai(base_bundle, ct2_base_dir):
+    compared, differing = compare_with_openai(base_bundle, ct2_base_dir, english_only=False)
+    print(f"base beam 5: {compared} clips, near-tie differences: {differing}")
+    assert compared >= 8 and len(differing) <= 1, differing

@@ -1,0 +1,109 @@
+"""The batch-B decoder core (DESIGN.md §8) on real speech, for each ONNX decoder adapter: rows at their own cache
+positions decode as they do alone, beams reordered by ``select`` continue as their sources would, and the
+window's batch-1 cross K/V serve every row with the same numbers as B copies of them; the decoder graphs never
+tile or expand the encoder's K/V."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import CLIPS
+
+import whisperane
+from whisperane.audio import load_audio
+
+# Logits of the same token through the same graph at another batch size: ONNX Runtime's kernels may block the
+# batch differently, so equal up to float32 rounding (measured max |diff| ~1e-4 on logits of magnitude ~30).
+ATOL = 2e-3
+
+
+@pytest.fixture(scope="module", params=["int8", "float32"])
+def model(request, tiny_en_bundle):
+    return whisperane.load_model(tiny_en_bundle, compute_type=request.param)
+
+
+@pytest.fixture(scope="module")
+def window(model):
+    return model.encode(model.log_mel(load_audio(str(CLIPS["jfk"].path))))
+
+
+def prefix(model, n_text: int) -> list[int]:
+    tok = model.tokenizer()
+    text = tok.encode(" And so my fellow Americans ask not")[:n_text]
+    return [*tok.sot_sequence_including_notimestamps, *text]
+
+
+def run_alone(model, window, tokens: list[int], then: int):
+    """Logits of ``then`` after ``tokens`` in a state of its own."""
+    with model.decoding_state(1) as state:
+        model.decoder.forward(state, np.asarray([tokens]), window.cross, need_logits=False)
+        logits, align = model.decoder.step(state, np.array([then]), window.cross)
+    return logits[0], align[0]
+
+
+def test_rows_at_their_own_positions_decode_as_alone(model, window):
+    prompts = [prefix(model, 2), prefix(model, 6)]  # two rows, cache positions 3+2 and 3+6 (or 4 for int8 sot)
+    nxt = model.tokenizer().encode(" what")[0]
+    with model.decoding_state(2) as batch:
+        for r, tokens in enumerate(prompts):
+            with model.decoding_state(1) as alone:
+                model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
+                batch.set_row(r, alone)
+        assert list(batch.lengths) == [len(p) for p in prompts]
+        logits, align = model.decoder.step(batch, np.array([nxt, nxt]), window.cross)
+    for r, tokens in enumerate(prompts):
+        want_logits, want_align = run_alone(model, window, tokens, nxt)
+        np.testing.assert_allclose(logits[r], want_logits, atol=ATOL)
+        np.testing.assert_allclose(align[r], want_align, atol=1e-4)
+    assert np.abs(logits[0] - logits[1]).max() > 0.1  # the rows really are different contexts
+
+
+def test_selected_rows_continue_as_their_sources(model, window):
+    prompts = [prefix(model, 1), prefix(model, 3), prefix(model, 5)]
+    nxt = model.tokenizer().encode(" country")[0]
+    with model.decoding_state(3) as batch:
+        for r, tokens in enumerate(prompts):
+            with model.decoding_state(1) as alone:
+                model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
+                batch.set_row(r, alone)
+        order = np.array([2, 0, 2])
+        batch.select(order)
+        logits, _ = model.decoder.step(batch, np.array([nxt] * 3), window.cross)
+    for r, source in enumerate(order):
+        np.testing.assert_allclose(logits[r], run_alone(model, window, prompts[source], nxt)[0], atol=ATOL)
+
+
+def test_shared_cross_attention_equals_copies(model, window):
+    tokens = np.asarray([prefix(model, 4)] * 3)
+    copies = type(window.cross)({k: np.ascontiguousarray(np.repeat(v, 3, axis=0)) for k, v in window.cross.feeds.items()}, 3)
+    results = []
+    for cross in (window.cross, copies):
+        with model.decoding_state(3) as state:
+            logits, align = model.decoder.forward(state, tokens, cross)
+        results.append((logits, align))
+    np.testing.assert_allclose(results[0][0], results[1][0], atol=ATOL)
+    np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-4)
+
+
+def _ancestors(graph: onnx.GraphProto, name: str) -> set[str]:
+    producers = {out: node for node in graph.node for out in node.output}
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in producers:
+            todo.extend(producers[current].input)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["TextDecoder.onnx", "TextDecoderSequence.onnx", "TextDecoderSequence.int8.onnx"])
+def test_decoder_graphs_never_copy_the_cross_attention_inputs(tiny_en_bundle, name):
+    graph = onnx.load(str(tiny_en_bundle / name), load_external_data=False).graph
+    cross_inputs = {i.name for i in graph.input if i.name.startswith("encoder_attn_")}
+    assert cross_inputs
+    copies = [n for n in graph.node if n.op_type in ("Tile", "Expand")]
+    for node in copies:
+        assert not (_ancestors(graph, node.input[0]) & cross_inputs), (node.op_type, node.name)
