@@ -41,8 +41,6 @@ def words(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def speech() -> np.ndarray:
     """The clip at 16 kHz mono float32."""
-    if not CLIP.is_file():
-        pytest.skip(f"speech corpus not found at {CLIP}")
     samples, sr = sf.read(CLIP, dtype="float32")
     return soxr.resample(samples, sr, 16000)
 
@@ -314,44 +312,91 @@ def test_fuzz_array_input(array):
 
 
 # --- fuzzing: the decoding options ------------------------------------------------------------------------
+# Valid and invalid options are generated apart: every valid combination must give a well-formed result, every
+# invalid one the project's option error (a WhisperaneError that is also a ValueError) in one line.
+
+VALID_OPTION_EXAMPLES = 10  # each one is a transcription (about a second)
+INVALID_OPTION_EXAMPLES = 40  # each one fails before any decoding
 
 clip_timestamps = st.lists(st.floats(0.0, 4.0), min_size=0, max_size=4).map(lambda v: ",".join(f"{x:.2f}" for x in v))
+valid_options = st.fixed_dictionaries({
+    "temperature": st.one_of(st.floats(0.0, 1.0), st.lists(st.sampled_from([0.0, 0.4, 1.0]), min_size=1, max_size=3).map(tuple)),
+    "compression_ratio_threshold": st.one_of(st.none(), st.floats(0.5, 4.0)),
+    "logprob_threshold": st.one_of(st.none(), st.floats(-3.0, 0.0)),
+    "no_speech_threshold": st.one_of(st.none(), st.floats(0.0, 1.0)),
+    "initial_prompt": st.one_of(st.none(), st.text(max_size=40)),
+    "clip_timestamps": clip_timestamps,
+    "prefill": st.sampled_from(["exact", "table"]),
+    "best_of": st.integers(1, 3),
+    "word_timestamps": st.booleans(),
+    "condition_on_previous_text": st.booleans(),
+})  # fmt: skip
+
+not_finite = st.sampled_from([math.nan, math.inf, -math.inf])
+not_a_number = st.sampled_from(["0.5", "none", [0.5], b"1"])
+# One option at a time set to a value the options object must refuse (the others keep their defaults).
+invalid_options = st.one_of(
+    st.fixed_dictionaries({"temperature": st.one_of(st.floats(max_value=-1e-3), not_finite, st.just(()),
+                                                    st.just("hot"), st.just((0.0, -0.5)), st.just((0.2, math.nan)))}),
+    st.fixed_dictionaries({"compression_ratio_threshold": st.one_of(not_finite, not_a_number)}),
+    st.fixed_dictionaries({"logprob_threshold": st.one_of(not_finite, not_a_number)}),
+    st.fixed_dictionaries({"no_speech_threshold": st.one_of(not_finite, not_a_number)}),
+    st.fixed_dictionaries({"hallucination_silence_threshold": st.one_of(st.floats(max_value=-1e-3), not_finite)}),
+    st.fixed_dictionaries({"best_of": st.one_of(st.integers(max_value=0), st.just(1.5), st.just(True), st.just("3"))}),
+    st.fixed_dictionaries({"clip_timestamps": st.one_of(
+        st.floats(max_value=-1e-3).map(lambda x: f"{x:.3f}"), st.sampled_from(["a,b", "1,nan", "0,inf", "1;2"]))}),
+    st.fixed_dictionaries({"prefill": st.sampled_from(["fast", "", "EXACT", "tables"])}),
+    st.fixed_dictionaries({"task": st.sampled_from(["summarize", "", "Transcribe"])}),
+    st.fixed_dictionaries({"language": st.sampled_from(["klingon", "xx", "", 42])}),
+    st.fixed_dictionaries({"initial_prompt": st.sampled_from([42, b"bytes", ["a"]])}),
+    st.fixed_dictionaries({"word_timestamps": st.sampled_from(["yes", 1, None])}),
+    st.fixed_dictionaries({"suppress_tokens": st.sampled_from(["a,b", "-2", [1.5j]])}),
+)  # fmt: skip
 
 
-# No shrinking: each example is a transcription (about a second), and a failing one is printed as drawn.
-@settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(
-    temperature=st.one_of(st.floats(0.0, 1.0), st.lists(st.sampled_from([0.0, 0.4, 1.0]), min_size=1, max_size=3).map(tuple)),
-    compression_ratio_threshold=st.one_of(st.none(), st.floats(0.5, 4.0)),
-    logprob_threshold=st.one_of(st.none(), st.floats(-3.0, 0.0)),
-    no_speech_threshold=st.one_of(st.none(), st.floats(0.0, 1.0)),
-    initial_prompt=st.one_of(st.none(), st.text(max_size=40)),
-    clip=clip_timestamps,
-    prefill=st.sampled_from(["exact", "table"]),
-    best_of=st.integers(1, 3),
-    word_timestamps=st.booleans(),
-    condition_on_previous_text=st.booleans(),
-)
-def test_fuzz_decoding_options(model, speech, temperature, compression_ratio_threshold, logprob_threshold,
-                               no_speech_threshold, initial_prompt, clip, prefill, best_of, word_timestamps,
-                               condition_on_previous_text):  # fmt: skip
-    """Any combination of options: a well-formed result or a WhisperaneError, never another exception."""
-    try:
-        result = transcribe(
-            speech, model, temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
-            logprob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold, initial_prompt=initial_prompt,
-            clip_timestamps=clip, prefill=prefill, best_of=best_of, word_timestamps=word_timestamps,
-            condition_on_previous_text=condition_on_previous_text,
-        )  # fmt: skip
-    except WhisperaneError as e:
-        assert "\n" not in str(e)
-        return
+def test_fuzz_valid_options_give_well_formed_results(model, speech):
+    ran = []
+
+    # No shrinking: each example is a transcription, and a failing one is printed as drawn.
+    @settings(max_examples=VALID_OPTION_EXAMPLES, deadline=None, derandomize=True, database=None,
+              phases=[Phase.explicit, Phase.generate])  # fmt: skip
+    @given(options=valid_options)
+    def check(options):
+        result = transcribe(speech, model, **options)
+        assert_well_formed(result, speech, options)
+        ran.append(options)
+
+    check()
+    assert len(ran) == VALID_OPTION_EXAMPLES
+
+
+def test_fuzz_invalid_options_raise_one_line_option_errors(model, speech):
+    raised: list[str] = []
+
+    # No shrinking either: an invalid value that is let through costs a transcription per shrinking step.
+    @settings(max_examples=INVALID_OPTION_EXAMPLES, deadline=None, derandomize=True, database=None,
+              phases=[Phase.explicit, Phase.generate])  # fmt: skip
+    @given(options=invalid_options)
+    def check(options):
+        with pytest.raises(WhisperaneError) as error:
+            transcribe(speech, model, **options)
+        assert isinstance(error.value, ValueError), f"{options}: {type(error.value).__name__} is no ValueError"
+        message = str(error.value)
+        assert message and "\n" not in message
+        raised.append(next(iter(options)))
+
+    check()
+    assert len(raised) == INVALID_OPTION_EXAMPLES
+    assert len(set(raised)) >= 8  # the examples spread over the options, not one field over and over
+
+
+def assert_well_formed(result: TranscriptionResult, speech: np.ndarray, options: dict) -> None:
+    assert isinstance(result, TranscriptionResult)
     assert result.duration == pytest.approx(len(speech) / 16000, abs=0.001)
     duration = result.duration  # times are rounded to the millisecond, like the duration itself
     assert result.language == "en" and isinstance(result.text, str)
     assert [s.id for s in result.segments] == list(range(len(result.segments)))
-    bounds = [float(x) for x in clip.split(",") if x]
+    bounds = [float(x) for x in options["clip_timestamps"].split(",") if x]
     ascending = bounds == sorted(bounds)
     previous_end = 0.0
     for s in result.segments:
@@ -361,7 +406,7 @@ def test_fuzz_decoding_options(model, speech, temperature, compression_ratio_thr
         previous_end = s.end
         assert s.text.strip() and all(isinstance(t, int) for t in s.tokens)
         assert 0.0 <= s.no_speech_prob <= 1.0 and math.isfinite(s.avg_logprob) and s.avg_logprob <= 0.0
-        if word_timestamps:
+        if options["word_timestamps"]:
             assert s.words is not None
             for w in s.words:
                 assert 0.0 <= w.start <= w.end <= duration + 1e-6 and 0.0 <= w.probability <= 1.0
