@@ -26,8 +26,7 @@ from whisperane import cli
 REPO = Path(__file__).resolve().parents[1]
 JFK = REPO / "tests" / "data" / "jfk.flac"
 JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
-CORPUS_AUDIO = REPO.parent / "shared" / "corpus" / "audio"
-# Short clips tiny.en transcribes word for word (references from the corpus manifest).
+# Short clips in tests/data that tiny.en transcribes word for word (transcripts: tests/data/README.md).
 SHORT = (REPO / "tests" / "data" / "LJ001-0002.flac", "in being comparatively modern.")  # 22.05 kHz
 SHORTER = (REPO / "tests" / "data" / "1089-134691-0000.flac", "HE COULD WAIT NO LONGER")
 
@@ -46,13 +45,6 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 def error_lines(stderr: str | list[str]) -> list[str]:
     lines = stderr.splitlines() if isinstance(stderr, str) else stderr
     return [line for line in lines if line.startswith("whisperane: error:")]
-
-
-def needs_corpus() -> None:
-    if not SHORT[0].is_file():
-        pytest.skip(f"speech corpus not found at {CORPUS_AUDIO}")
-
-
 
 
 def whisperane_cmd(*argv, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -140,7 +132,6 @@ def test_stdout_json_matches_the_file_byte_for_byte(run, tmp_path):
 
 def test_batch_finishes_good_files_reports_bad_ones_and_skips_on_rerun(tmp_path, tiny_en_bundle, run):
     """The real command: a.wav, bad.mp3, good.flac -> both good ones written, the bad one reported at the end."""
-    needs_corpus()
     samples, sr = sf.read(SHORT[0], dtype="float32")
     sf.write(tmp_path / "a.wav", samples, sr, subtype="PCM_16")
     (tmp_path / "bad.mp3").write_bytes(b"ID3 this is not an mp3 file at all " * 40)
@@ -179,7 +170,6 @@ def test_batch_finishes_good_files_reports_bad_ones_and_skips_on_rerun(tmp_path,
 
 
 def test_directory_batch_mirrors_subdirectories(run, tmp_path):
-    needs_corpus()
     src = tmp_path / "in"
     (src / "sub").mkdir(parents=True)
     shutil.copy(SHORTER[0], src / "clip.flac")
@@ -198,7 +188,6 @@ def test_directory_batch_mirrors_subdirectories(run, tmp_path):
 
 
 def test_same_output_name_in_one_batch_is_refused_not_overwritten(run, tmp_path):
-    needs_corpus()
     shutil.copy(SHORTER[0], tmp_path / "x.flac")
     samples, sr = sf.read(SHORT[0], dtype="float32")
     sf.write(tmp_path / "x.wav", samples, sr)
@@ -259,7 +248,6 @@ def test_output_dir_that_is_a_file(run, tmp_path):
     ids=["disk-full", "permission-denied"],
 )
 def test_write_failure_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch, where, error, cause):
-    needs_corpus()
     real = getattr(os, where)
 
     def failing(*args, **kwargs):
@@ -278,7 +266,6 @@ def test_write_failure_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch
 
 
 def test_unexpected_exception_is_one_line_and_the_batch_goes_on(run, tmp_path, monkeypatch):
-    needs_corpus()
     module = importlib.import_module("whisperane.transcribe")  # `whisperane.transcribe` is the function
     real = module.transcribe
 
