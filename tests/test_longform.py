@@ -1,0 +1,153 @@
+"""Long-form transcription (60-120 s files, several 30 s windows) against openai-whisper itself and
+faster-whisper, all float32 on the same tiny.en weights.
+
+The files (tests/longform.py) are English clips joined with ~1 s gaps, so every window boundary falls somewhere
+new and the seek rule, the previous-text prompt and the word alignment decide what each later window sees. The
+defaults of openai-whisper's transcribe are used throughout: greedy with the temperature fallback (best_of 5),
+condition_on_previous_text, word_timestamps.
+
+Per-file timings (wall and process CPU seconds) are printed: run with ``-s`` to see them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from longform import LongAudio, build_long_audio, long_audio_name
+from openai_reference import DEFAULT_TEMPERATURES, load_openai_model, openai_transcribe
+
+from whisperane.audio import FRAMES_PER_SECOND
+
+pytestmark = pytest.mark.slow
+
+THREADS = 2
+# (seed, min seconds, max seconds, gap noise dBFS or None for digital silence)
+LONG_FILES = [(0, 60, 80, None), (1, 90, 120, -60.0), (2, 60, 90, -50.0)]
+LONG_FILE_IDS = [long_audio_name(seed, noise) for seed, _, _, noise in LONG_FILES]
+BOUNDARY_TOLERANCE = 0.01  # seconds: "the same boundary" at the 0.01 s the JSON reports
+
+# One row per segment: (seek in seconds, start, end, text).
+Rows = list[tuple[float, float, float, str]]
+
+
+@pytest.fixture(scope="module")
+def openai_tiny_en(ct2_tiny_en_dir):
+    try:
+        import whisper  # noqa: F401
+    except ImportError:
+        pytest.fail("openai-whisper is not installed: run scripts/setup.sh")
+    return load_openai_model(ct2_tiny_en_dir, threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def whisperane_tiny_en(tiny_en_bundle):
+    import whisperane
+
+    return whisperane.load_model(tiny_en_bundle, compute_type="float32", threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def faster_tiny_en(ct2_tiny_en_dir):
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(ct2_tiny_en_dir), device="cpu", compute_type="float32", cpu_threads=THREADS)
+
+
+@pytest.fixture(scope="module", params=LONG_FILES, ids=LONG_FILE_IDS)
+def long_audio(request) -> LongAudio:
+    return build_long_audio(*request.param)
+
+
+def _timed(label: str, audio: LongAudio, run: Callable[[], Any]) -> Any:
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = run()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    print(f"\n{audio.name} ({audio.duration:.1f} s): {label} {wall:.1f} s wall, {cpu:.1f} s CPU")
+    return result
+
+
+@pytest.fixture(scope="module")
+def openai_results(openai_tiny_en) -> Callable[[LongAudio], dict]:
+    """openai-whisper's result per file, computed once for the tests that compare against it."""
+    cache: dict[str, dict] = {}
+
+    def result(audio: LongAudio) -> dict:
+        if audio.name not in cache:
+            cache[audio.name] = _timed(
+                "openai-whisper", audio, lambda: openai_transcribe(openai_tiny_en, audio.samples)
+            )
+        return cache[audio.name]
+
+    return result
+
+
+def _openai_rows(result: dict) -> Rows:
+    return [
+        (s["seek"] / FRAMES_PER_SECOND, float(s["start"]), float(s["end"]), s["text"])
+        for s in result["segments"]
+    ]
+
+
+def _same_row(ours: tuple, theirs: tuple) -> bool:
+    return (ours[3] == theirs[3] and abs(ours[0] - theirs[0]) < 1e-6
+            and abs(ours[1] - theirs[1]) < BOUNDARY_TOLERANCE and abs(ours[2] - theirs[2]) < BOUNDARY_TOLERANCE)  # fmt: skip
+
+
+def _divergence(ours: Rows, theirs: Rows, name: str) -> str:
+    """Empty when the segments agree; else where they first differ, for the failure message."""
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if not _same_row(a, b)), None)
+    if first is None and len(ours) == len(theirs):
+        return ""
+    first = min(len(ours), len(theirs)) if first is None else first
+    windows = sorted({row[0] for row in theirs})
+    return (f"{name}: {len(ours)} segments in {len({row[0] for row in ours})} windows against openai-whisper's "
+            f"{len(theirs)} in {len(windows)} (windows at {windows} s); first difference at segment {first} "
+            f"(seek s, start, end, text):\n  {name}: {ours[first] if first < len(ours) else None}"
+            f"\n  openai: {theirs[first] if first < len(theirs) else None}")  # fmt: skip
+
+
+def test_whisperane_matches_openai_whisper(long_audio, whisperane_tiny_en, openai_results):
+    """Identical transcript and segments (window, text, start and end to 0.01 s) to openai-whisper's own
+    transcribe on the same weights in float32: the seek loop follows openai's rule (the next window starts at
+    the last word's DTW end), so every later window sees the same audio and the same previous-text prompt."""
+    import whisperane
+
+    theirs = openai_results(long_audio)
+    ours = _timed("whisperane", long_audio, lambda: whisperane.transcribe(
+        long_audio.samples, model=whisperane_tiny_en, word_timestamps=True, temperature=DEFAULT_TEMPERATURES,
+        condition_on_previous_text=True, best_of=5))  # fmt: skip
+    rows = [(s.seek / FRAMES_PER_SECOND, s.start, s.end, s.text) for s in ours.segments]
+    divergence = _divergence(rows, _openai_rows(theirs), "whisperane")
+    assert not divergence, divergence
+    assert ours.text == theirs["text"]
+
+
+def test_faster_whisper_matches_openai_whisper(long_audio, faster_tiny_en, openai_results):
+    """faster-whisper float32 (greedy: beam_size 1) gives openai-whisper's transcript, segments and word times
+    to 0.01 s on these files, so the two references agree and either one checks whisperane.
+
+    Measured: 8, 17 and 11 segments (173, 208 and 142 words) identical on the three files; faster-whisper's own
+    rules (its numpy log-mel, CTranslate2's float32 kernels, its no-speech check order) changed nothing here."""
+    theirs = openai_results(long_audio)
+
+    def run():
+        segments, _ = faster_tiny_en.transcribe(
+            long_audio.samples, beam_size=1, best_of=5, temperature=list(DEFAULT_TEMPERATURES),
+            condition_on_previous_text=True, word_timestamps=True)  # fmt: skip
+        return list(segments)
+
+    segments = _timed("faster-whisper", long_audio, run)
+    rows = [(s.seek / FRAMES_PER_SECOND, s.start, s.end, s.text) for s in segments]
+    divergence = _divergence(rows, _openai_rows(theirs), "faster-whisper")
+    assert not divergence, divergence
+    assert "".join(s.text for s in segments) == theirs["text"]
+    words = np.array([(w.start, w.end) for s in segments for w in s.words])
+    openai_words = np.array([(w["start"], w["end"]) for s in theirs["segments"] for w in s["words"]])
+    assert [w.word for s in segments for w in s.words] == [
+        w["word"] for s in theirs["segments"] for w in s["words"]
+    ]
+    assert np.abs(words - openai_words).max() < BOUNDARY_TOLERANCE
