@@ -5,6 +5,7 @@ Damage is done to a copy of models/tiny.en in a temporary directory, never to th
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -14,12 +15,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+from conftest import CLIPS, CORPUS_DIR, DATA_DIR
 
 import whisperane.model
 from whisperane import cli
@@ -29,20 +32,41 @@ from whisperane.model import load_model
 from whisperane.transcribe import transcribe
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "corpus"
 JFK = REPO / "tests" / "data" / "jfk.flac"
+# The English clips in tests/data besides jfk, with their transcripts (tests/data/README.md): the speech used
+# when the corpus is not beside this checkout.
+TEST_DATA_ENGLISH = {
+    "1089-134686-0001.flac": "STUFF IT INTO YOU HIS BELLY COUNSELLED HIM",
+    "1089-134691-0000.flac": "HE COULD WAIT NO LONGER",
+    "1089-134691-0001.flac": "FOR A FULL HOUR HE HAD PACED UP AND DOWN WAITING BUT HE COULD WAIT NO LONGER",
+    "LJ001-0002.flac": "in being comparatively modern.",
+    "LJ001-0008.flac": "has never been surpassed.",
+}
 
 
 def words(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
 
 
-def corpus_clips(language: str = "en") -> list[dict]:
-    manifest = CORPUS / "manifest.jsonl"
-    if not manifest.is_file():
-        pytest.skip(f"speech corpus not found at {manifest}")
-    entries = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [e for e in entries if e["language"] == language and e["audio"].endswith((".flac", ".wav"))]
+@dataclass(frozen=True)
+class Speech:
+    path: Path
+    text: str
+    duration: float  # seconds
+
+
+def english_clips() -> list[Speech]:
+    """English speech with transcripts: the corpus's FLAC and WAV clips when ../shared/corpus is beside this
+    checkout, else the clips in tests/data."""
+    manifest = CORPUS_DIR / "manifest.jsonl"
+    if manifest.is_file():
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+        entries = [json.loads(line) for line in lines if line.strip()]
+        return [Speech(CORPUS_DIR / e["audio"], e["text"], e["duration_s"]) for e in entries
+                if e["language"] == "en" and e["audio"].endswith((".flac", ".wav"))]  # fmt: skip
+    clips = [(CLIPS["jfk"].path, CLIPS["jfk"].text)]
+    clips += [(DATA_DIR / name, text) for name, text in TEST_DATA_ENGLISH.items()]
+    return [Speech(path, text, sf.info(path).duration) for path, text in clips]
 
 
 def whisperane_process(*argv) -> subprocess.Popen:
@@ -229,11 +253,16 @@ def test_damaged_bundle_through_the_cli(bundle, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def long_audio(tmp_path_factory) -> tuple[Path, str]:
-    """About 2.5 minutes of English speech, the corpus clips one after another (16 kHz FLAC), and its text."""
+    """About 2.5 minutes of English speech, clips one after another (16 kHz FLAC), and its text. The clips
+    repeat when there are fewer than 2.5 minutes of them (tests/data holds about 25 s), the clips over 10 s
+    (jfk) excepted: conditioned on its own transcript of the same speech, tiny.en hallucinates there (WER
+    0.23 on the whole file when jfk repeats, measured)."""
+    clips = english_clips()
+    repeats = itertools.cycle([clip for clip in clips if clip.duration < 10])
     pieces, texts, total = [], [], 0.0
-    for entry in corpus_clips("en"):
-        texts.append(entry["text"])
-        samples, sr = sf.read(CORPUS / entry["audio"], dtype="float32", always_2d=True)
+    for clip in itertools.chain(clips, repeats):
+        texts.append(clip.text)
+        samples, sr = sf.read(clip.path, dtype="float32", always_2d=True)
         mono = soxr.resample(samples.mean(axis=1), sr, 16000)
         pieces += [mono, np.zeros(8000, dtype=np.float32)]
         total += len(mono) / 16000 + 0.5
@@ -325,11 +354,12 @@ def test_killed_conversion_then_concurrent_conversions(tmp_path, ct2_tiny_en_dir
 
 
 def test_threads_sharing_one_model_match_sequential_calls(model):
-    clips = sorted((e for e in corpus_clips("en") if e["duration_s"] < 6), key=lambda e: e["duration_s"])[:4]
-    paths = [CORPUS / e["audio"] for e in clips]
+    clips = sorted((c for c in english_clips() if c.duration < 6), key=lambda c: c.duration)[:4]
+    assert len(clips) == 4
+    paths = [c.path for c in clips]
     sequential = [transcribe(p, model).to_dict() for p in paths]
     with ThreadPoolExecutor(max_workers=4) as pool:
         threaded = list(pool.map(lambda p: transcribe(p, model).to_dict(), paths))
     assert threaded == sequential
-    for result, entry in zip(sequential, clips, strict=True):
-        assert len(set(words(result["text"])) & set(words(entry["text"]))) >= len(words(entry["text"])) // 2
+    for result, clip in zip(sequential, clips, strict=True):
+        assert len(set(words(result["text"])) & set(words(clip.text))) >= len(words(clip.text)) // 2
