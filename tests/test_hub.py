@@ -1,4 +1,4 @@
-"""Model names that resolve through the Hugging Face hub (``small``, ``large-v3-turbo``, ``distil-large-v3``...),
+"""Model names that resolve through the Hugging Face hub (``small``, ``large-v3-turbo``, ``distil-large-v3``),
 run offline: the hub is unreachable here, so the tests fill a cache in the hub's on-disk layout
 (``models--<owner>--<name>/{refs/main, snapshots/<commit>/, blobs/}``) with small randomly initialised
 Whispers written by transformers (a multilingual and an English-only one), and point ``HF_HUB_CACHE`` at it
@@ -19,6 +19,7 @@ from conftest import CLIPS
 import whisperane
 from whisperane import cli
 from whisperane.convert.sources import HUB_MODELS, resolve_source
+from whisperane.errors import ModelError
 from whisperane.transcribe import TranscriptionResult
 
 # Any 40 hex digits: the hub names snapshots by commit.
@@ -128,8 +129,8 @@ def test_hub_name_resolves_offline_from_the_cache(name, repo_id, filled_cache, c
 
 def test_multilingual_hub_snapshot_reads_as_whisper_multilingual(filled_cache, monkeypatch):
     """What the converter reads from ``small``'s snapshot: multilingual dimensions, the alignment heads of
-    generation_config.json, Whisper's multilingual token layout. (Converting it computes the prefill table for
-    99 languages x 2 tasks, over a minute on two busy cores: the conversion test below uses an English name.)"""
+    generation_config.json, Whisper's multilingual token layout. (Converting it computes the prefill table
+    for 99 languages x 2 tasks, over a minute on two busy cores: the conversion test uses an English name.)"""
     from whisperane.convert.checkpoint import load_checkpoint
     from whisperane.convert.tokenizer_build import build_tokenizer_json, token_config
 
@@ -192,3 +193,18 @@ def test_hub_name_without_cache_or_network_is_one_line_naming_a_local_path(tmp_p
     assert "openai/whisper-small" in line and "HF_HUB_OFFLINE" in line
     assert "--local-dir whisper-small" in line and "local checkpoint" in line  # the fix: a local path
     assert not (tmp_path / "models").exists() and not [p for p in out.rglob("*") if p.is_file()]
+
+
+def test_partial_snapshot_in_the_cache_is_not_taken_for_the_model(checkpoints, tmp_path, monkeypatch):
+    """A snapshot holding only the configs (another tool fetched config.json, or a download was cut) is no
+    checkpoint: offline, the name fails as if nothing were cached, with the same fix."""
+    configs_only = tmp_path / "configs"
+    configs_only.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(checkpoints["multilingual"] / name, configs_only / name)
+    add_to_hub_cache(tmp_path / "cache", "openai/whisper-small", configs_only)
+    offline_hub(monkeypatch, tmp_path / "cache")
+    with pytest.raises(ModelError) as error:
+        resolve_source("small", progress=False)
+    message = str(error.value)
+    assert "is not in the Hugging Face cache" in message and "local checkpoint" in message
