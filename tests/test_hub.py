@@ -191,7 +191,7 @@ def test_hub_name_without_cache_or_network_is_one_line_naming_a_local_path(tmp_p
     (line,) = err.splitlines()
     assert line.startswith("whisperane: error: ") and "Traceback" not in err
     assert "openai/whisper-small" in line and "HF_HUB_OFFLINE" in line
-    assert "--local-dir whisper-small" in line and "local checkpoint" in line  # the fix: a local path
+    assert "--local-dir whisper-small" in line and "`./whisper-small` as the model" in line  # a local path
     assert not (tmp_path / "models").exists() and not [p for p in out.rglob("*") if p.is_file()]
 
 

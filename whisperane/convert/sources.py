@@ -493,7 +493,7 @@ def _local_checkpoint_hint(name: str, repo_id: str) -> str:
     folder = repo_id.rsplit("/", 1)[-1]
     hint = (
         f"pass a local checkpoint instead: {repo_id}'s files in a directory (on a connected machine "
-        f"`hf download {repo_id} --local-dir {folder}`, copy it here, then use `{folder}` as the model), "
+        f"`hf download {repo_id} --local-dir {folder}`, copy it here, then use `./{folder}` as the model), "
         "a CTranslate2 directory or an OpenAI .pt file"
     )
     if name in HUB_MODELS:
