@@ -230,8 +230,25 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
         if beam:
             hypotheses = _beam_search(model, state, enc, first[0], first[1], plan, tokenizer, options)
         else:
-            hypotheses = _sample_loop(model, state, enc, first[0], first[1], plan, tokenizer, options, n_group)
+            rows = (np.repeat(first[0][None], n_group, axis=0), np.repeat(first[1][None], n_group, axis=0))
+            hypotheses = _sample_loop(model, state, enc.cross, *rows, plan, tokenizer, options)
     return _best_result(hypotheses, tokenizer, options, language_probs, no_speech_prob=first[2])
+
+
+def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions, tokenizer: Tokenizer) -> list[DecodingResult]:
+    """Decode B windows at once (``enc`` holds B encoder outputs), greedily: one decoder call per step for all
+    rows, each row at its own cache position with its own window's cross K/V, timestamp rules and stopping
+    (a finished row keeps being fed <|endoftext|>, its results ignored). Every row shares the forced tokens."""
+    if options.temperature > 0 or options.beam_size:
+        raise WhisperaneError("windows are decoded together greedily; decode a window alone to sample or beam")
+    plan = plan_window(model, options, tokenizer)
+    batch = enc.embeds.shape[0]
+    with model.decoding_state(batch) as state:
+        tokens = np.repeat(np.asarray([plan.initial]), batch, axis=0)
+        logits, align = model.decoder.forward(state, tokens, enc.cross)
+        no_speech = np.exp(log_softmax(logits[:, plan.sot_index].astype(np.float64))[:, tokenizer.no_speech])
+        hypotheses = _sample_loop(model, state, enc.cross, logits[:, -1], align[:, :, -1], plan, tokenizer, options)
+    return [_best_result([h], tokenizer, options, None, float(p)) for h, p in zip(hypotheses, no_speech, strict=True)]
 
 
 def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
@@ -298,14 +315,18 @@ class Hypothesis:
         return Hypothesis(self.tokens, self.sum_logprob + logprob, self.token_logprobs, self.alignment)
 
 
-def _sample_loop(model, state, enc, first_logits, first_align, plan: WindowPlan, tokenizer, options, n_group) -> list[Hypothesis]:
-    """Greedy (temperature 0) or sampled continuations of ``n_group`` rows until every row ends."""
+def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarray, plan: WindowPlan, tokenizer,
+                 options) -> list[Hypothesis]:  # fmt: skip
+    """Greedy (temperature 0) or sampled continuations of B rows until every row ends: the samples of one
+    window (``cross`` at batch 1) or one window per row (``cross`` at batch B). ``logits`` [B, V] and
+    ``first_align`` [B, A, F] are the rows' predictions of their first token."""
     eot, filters, sample_len = tokenizer.eot, plan.filters, plan.sample_len
+    n_group = logits.shape[0]
     tokens = [list(plan.initial) for _ in range(n_group)]
     sum_logprobs = np.zeros(n_group)
     token_logprobs: list[list[float]] = [[] for _ in range(n_group)]
-    logits = np.repeat(first_logits[None, :].astype(np.float32), n_group, axis=0)
-    align_rows = [np.repeat(first_align[None], n_group, axis=0)]
+    logits = logits.astype(np.float32)
+    align_rows = [first_align]
     rng = np.random.default_rng(options.seed)
     for i in range(sample_len):
         for f in filters:
@@ -326,7 +347,7 @@ def _sample_loop(model, state, enc, first_logits, first_align, plan: WindowPlan,
             tokens[k].append(int(next_tokens[k]))
         if all(t[-1] == eot for t in tokens) or i == sample_len - 1 or state.length >= state.layout.length:
             break
-        logits, align = model.decoder.step(state, next_tokens, enc.cross)
+        logits, align = model.decoder.step(state, next_tokens, cross)
         align_rows.append(align)
     hypotheses = []
     for k in range(n_group):

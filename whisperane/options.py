@@ -57,6 +57,12 @@ class TranscribeOptions:
     suppress_blank: bool = field(default=True, metadata=_help("no blank or end of text as the first token"))
     without_timestamps: bool = field(default=False, metadata=_help("sample text tokens only"))
     max_initial_timestamp: float | None = field(default=1.0, metadata=_help("latest first timestamp (seconds)"))
+    vad_filter: bool = field(default=False, metadata=_help(
+        "transcribe only the speech Silero VAD finds (timestamps stay on the original audio)"))  # fmt: skip
+    vad_parameters: dict | None = field(default=None, metadata=_help(
+        "VadOptions fields (threshold, min_silence_duration_ms, speech_pad_ms, ...)", cli=False))  # fmt: skip
+    batch_size: int | None = field(default=None, metadata=_help(
+        "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))  # fmt: skip
     prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))
     alignment: str = field(default="teacher-forced", metadata=_help(
         "word-timing rows: a teacher-forced pass, or gathered while decoding", choices=ALIGNMENTS))  # fmt: skip
@@ -74,10 +80,11 @@ class TranscribeOptions:
         for name in ("hallucination_silence_threshold", "max_initial_timestamp"):
             _optional_number(name, getattr(self, name), minimum=0.0)
         _search_options(self.best_of, self.beam_size, self.patience, self.length_penalty)
+        _batched_mode(self)
         for name in ("initial_prompt", "prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
-        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps"):
+        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
 
@@ -151,6 +158,21 @@ def _optional_number(name: str, value, minimum: float = -math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
         bound = f" >= {minimum:g}" if minimum > -math.inf else ""
         raise OptionsError(f"{name} must be a finite number{bound} or None, not {value!r}")
+
+
+def _batched_mode(options: TranscribeOptions) -> None:
+    """What batched mode (independent VAD chunks decoded together, greedily) can and cannot combine with."""
+    if options.vad_parameters is not None and not isinstance(options.vad_parameters, dict):
+        raise OptionsError("vad_parameters must be a dict of VadOptions fields")
+    if options.batch_size is None:
+        return
+    if not _is_int(options.batch_size) or options.batch_size < 1:
+        raise OptionsError(f"batch_size must be a positive integer, not {options.batch_size!r}")
+    if options.beam_size is not None:
+        raise OptionsError("batched mode decodes greedily: leave beam_size unset or drop batch_size")
+    if options.clip_timestamps != (0.0,) or options.hallucination_silence_threshold is not None:
+        raise OptionsError("batched mode chooses its chunks by VAD: clip_timestamps and "
+                           "hallucination_silence_threshold apply to the sequential mode")  # fmt: skip
 
 
 def _search_options(best_of, beam_size, patience, length_penalty) -> None:

@@ -101,6 +101,12 @@ def transcribe(
 
         model = shared_model(model)
     _check_model_supports(model, options)
+    if options.batch_size is not None:
+        from .chunked import transcribe_chunked
+
+        if isinstance(audio, AudioStream):
+            raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
+        return transcribe_chunked(model, lambda: open_audio(audio), options, progress)
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
         return Transcription(model, stream, options, progress).run()
@@ -168,34 +174,46 @@ def _clip_ranges(clip_timestamps: Sequence[float], content_frames: int) -> list[
         frames.append(content_frames)
     return [(min(s, content_frames), min(e, content_frames)) for s, e in zip(frames[::2], frames[1::2], strict=True)]
 
-def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed):
+def _decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed,
+                          tried: Sequence[DecodingResult] = ()) -> DecodingResult:  # fmt: skip
     """Decode at each temperature in turn until a result passes the compression-ratio and log-probability
-    checks. When none does, the result with the best average log-probability among those not too repetitive
-    (else among all) is kept, as faster-whisper does: openai-whisper keeps the last, highest-temperature one,
-    which on a fragile window (a fraction of a second of tail audio) is the most likely to be noise."""
-    tried: list[DecodingResult] = []
-    for t in options.temperature:
-        opts = options.decoding(t, tokenizer.language, prompt, seed)
-        result = decode(model, enc, opts, tokenizer, language_probs)
+    checks (``tried``: results at the first temperatures, already decoded). When none does, the result with the
+    best average log-probability among those not too repetitive (else among all) is kept, as faster-whisper
+    does: openai-whisper keeps the last, highest-temperature one, which on a fragile window (a fraction of a
+    second of tail audio) is the most likely to be noise."""
+    tried = list(tried)
+    if tried and not _needs_fallback(tried[-1], options):
+        return tried[-1]
+    for t in options.temperature[len(tried) :]:
+        result = decode(model, enc, options.decoding(t, tokenizer.language, prompt, seed), tokenizer, language_probs)
         tried.append(result)
-        needs_fallback = False
-        if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
-            needs_fallback = True  # too repetitive
-        if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
-            needs_fallback = True  # average log probability is too low
-        if (
-            options.no_speech_threshold is not None
-            and result.no_speech_prob > options.no_speech_threshold
-            and options.logprob_threshold is not None
-            and result.avg_logprob < options.logprob_threshold
-        ):  # silence; a confident result (a loop at a tail of audio, say) still falls back (openai-whisper's
-            # rule since late 2024, and faster-whisper's)
-            needs_fallback = False
-        if not needs_fallback:
+        if not _needs_fallback(result, options):
             return result
     threshold = options.compression_ratio_threshold
     not_repetitive = [r for r in tried if threshold is None or r.compression_ratio <= threshold]
     return max(not_repetitive or tried, key=lambda r: r.avg_logprob)
+
+
+def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
+    """Too repetitive or too unlikely, unless silence (no-speech probability high and the text unlikely: a
+    confident result, a loop at a tail of audio say, still falls back: openai-whisper's rule since late 2024,
+    and faster-whisper's)."""
+    if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold:
+        if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
+            return False
+    if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
+        return True
+    return options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
+
+
+def _result(segments: list[dict], tokenizer: Tokenizer, duration: float, language_probs, with_words: bool) -> TranscriptionResult:
+    """The result of a whole file from its segments (in audio order)."""
+    for i, s in enumerate(segments):
+        s["id"] = i
+    text = tokenizer.decode([t for s in segments for t in s["tokens"] if t < tokenizer.eot])
+    return TranscriptionResult(text=text, language=tokenizer.language, duration=round(duration, 3),
+                               segments=tuple(_segment(s, with_words) for s in segments),
+                               language_probs=language_probs)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -255,11 +273,8 @@ class Transcription:
             if self.progress:
                 done = min(self.seek, self.content_frames) / FRAMES_PER_SECOND
                 self.progress(done, self.content_frames / FRAMES_PER_SECOND)
-        tok = self.tokenizer
-        segments = tuple(_segment(s, self.options.word_timestamps) for s in self.all_segments)
-        text = tok.decode([t for s in self.all_segments for t in s["tokens"] if t < tok.eot])
-        return TranscriptionResult(text=text, language=tok.language, duration=round(self.stream.n_samples / SAMPLE_RATE, 3),
-                                   segments=segments, language_probs=self.language_probs)  # fmt: skip
+        duration = self.stream.n_samples / SAMPLE_RATE
+        return _result(self.all_segments, self.tokenizer, duration, self.language_probs, self.options.word_timestamps)
 
     def _tokenizer_for_language(self) -> Tokenizer:
         model, options = self.model, self.options
