@@ -256,7 +256,10 @@ def _progress_bar(flag: bool | None, duration: float, name: str) -> _Bar | None:
     return _Bar(duration, name) if show else None
 
 
-def build_parser() -> argparse.ArgumentParser:
+BATCH_HELP = "transcribe a directory, glob or manifest of files on Ray Data into resumable shards"
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="whisperane", description="Whisper speech-to-text runtime")
     parser.add_argument("--version", action="version", version=f"whisperane {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -264,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert.cli import add_convert_parser
 
     add_convert_parser(sub)
+    if argv and argv[0] == "batch":  # its module imports pyarrow (seconds): only when the command is batch
+        from .batch import add_batch_parser
+
+        add_batch_parser(sub)
+    else:
+        sub.add_parser("batch", help=BATCH_HELP, add_help=False)
     return parser
 
 
@@ -304,7 +313,7 @@ def _native_stderr_silenced():
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)  # exits 2 on a usage error
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -312,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if args.command == "transcribe":
                     return run_transcribe(args)
+                if args.command == "batch":
+                    from .batch import run_batch
+
+                    return run_batch(args)
                 from .convert.cli import run_convert
 
                 return run_convert(args)
