@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-import whisperane.model
+import whisperane.loading
 import whisperane.writers
 from whisperane import cli
 

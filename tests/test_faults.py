@@ -24,11 +24,11 @@ import soundfile as sf
 import soxr
 from conftest import CLIPS, CORPUS_DIR, DATA_DIR
 
-import whisperane.model
+import whisperane.loading
 from whisperane import cli
 from whisperane.bundle import CONFIG_NAME, hash_path, verify_bundle
 from whisperane.errors import ModelError
-from whisperane.model import load_model
+from whisperane.loading import load_model
 from whisperane.transcribe import transcribe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,7 +310,7 @@ def test_rerun_after_kill_transcribes_the_long_file(long_audio, model, tmp_path,
     out = tmp_path / "out"
     out.mkdir()
     (out / ".long.json.12345.abcd1234.tmp").write_text('{"text": "half')  # what a SIGKILL may leave behind
-    monkeypatch.setattr(whisperane.model, "load_model", lambda *a, **k: model)
+    monkeypatch.setattr(whisperane.loading, "load_model", lambda *a, **k: model)
     code = cli.main(["transcribe", str(long_audio), "-o", str(out)])
     assert code == 0, capsys.readouterr().err
     data = json.loads((out / "long.json").read_text())
