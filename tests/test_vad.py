@@ -6,10 +6,12 @@ music-like tones, so where the speech is and where it is not is known independen
 
 from __future__ import annotations
 
+import bisect
 import json
 import zipfile
 from dataclasses import dataclass
 
+import faster_whisper.transcribe as fw_transcribe
 import faster_whisper.vad as fw_vad
 import numpy as np
 import onnxruntime as ort
@@ -20,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from whisperane import vad
-from whisperane.audio import SAMPLE_RATE, load_audio, open_audio
-from whisperane.errors import ModelError
+from whisperane.audio import N_SAMPLES, SAMPLE_RATE, load_audio, open_audio
+from whisperane.errors import ModelError, OptionsError
 
 GAP_SECONDS = (2.0, 10.0)
 NOISE_RMS = 0.003  # about -50 dBFS: a quiet room or a hissing line
@@ -408,8 +410,257 @@ def test_chunk_audio_is_its_regions(gapped, gapped_probabilities):
 
 
 def test_bad_options_are_one_line_errors():
-    for bad in ({"threshold": 0}, {"threshold": 0.5, "neg_threshold": 0.7}, {"speech_pad_ms": -1}):
-        with pytest.raises(ValueError, match="VAD"):
+    bad_options = (
+        {"threshold": 0},
+        {"threshold": 0.5, "neg_threshold": 0.7},
+        {"speech_pad_ms": -1},
+        {"threshold": "0.5"},
+        {"min_silence_duration_ms": float("nan")},
+        {"max_speech_duration_s": 0},
+        {"min_speech_duration_ms": True},
+    )
+    for bad in bad_options:
+        with pytest.raises(OptionsError, match="VAD") as err:
             vad.VadOptions(**bad)
-    with pytest.raises(ValueError):
+        assert "\n" not in str(err.value) and isinstance(err.value, ValueError)
+    assert vad.VadOptions(threshold=np.float32(0.6), speech_pad_ms=np.int64(30)).speech_pad_ms == 30
+    with pytest.raises(OptionsError):
         vad.merge_chunks([vad.SpeechRegion(0, 10)], max_chunk_s=0)
+    with pytest.raises(OptionsError, match="VadOptions"):
+        vad.speech_stream(np.zeros(SAMPLE_RATE, dtype=np.float32), {"threshold": 0.5})
+
+
+# --------------------------------------------------------------------------------------------------
+# the speech-only stream (vad_filter in the sequential loop)
+
+
+def _speech_only(audio: np.ndarray, regions) -> np.ndarray:
+    return np.concatenate([audio[r.start : r.end] for r in regions])
+
+
+@pytest.fixture(scope="module")
+def gapped_file(gapped, tmp_path_factory):
+    path = tmp_path_factory.mktemp("vad") / "gapped.wav"
+    sf.write(path, gapped.audio, SAMPLE_RATE, subtype="FLOAT")  # the samples exactly
+    return path
+
+
+@pytest.fixture(scope="module")
+def gapped_file_stream(gapped_file):
+    """speech_stream over the file (its own VAD pass); the tests read fresh streams on its regions."""
+    with vad.speech_stream(gapped_file) as stream:
+        return stream
+
+
+def test_speech_stream_of_a_file_has_the_regions_of_its_samples(
+    gapped, gapped_probabilities, gapped_file, gapped_file_stream
+):
+    stream = gapped_file_stream
+    regions = vad.speech_regions(*gapped_probabilities)
+    assert stream.regions == tuple(regions) and len(regions) >= len(gapped.clips) // 2
+    assert stream.original_n_samples == len(gapped.audio)
+    assert stream.original_duration == pytest.approx(len(gapped.audio) / SAMPLE_RATE)
+    assert stream.n_samples == sum(r.n_samples for r in regions) == stream.time_map.n_samples
+    assert stream.duration == stream.n_samples / SAMPLE_RATE and stream.exhausted
+    assert stream.name == str(gapped_file)
+
+
+_READS = st.lists(
+    st.tuples(st.integers(0, 45 * SAMPLE_RATE), st.integers(0, N_SAMPLES)), min_size=1, max_size=30
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(reads=_READS)
+def test_speech_stream_reads_are_the_concatenated_regions(gapped, gapped_file, gapped_file_stream, reads):
+    """Reads with starts moving forward and lengths up to 30 s, each crossing as many region boundaries as it
+    happens to, return exactly the samples of the regions one after another (the file's samples)."""
+    regions = gapped_file_stream.regions
+    expected = _speech_only(gapped.audio, regions)
+    with vad.SpeechStream(open_audio(gapped_file), regions, len(gapped.audio)) as stream:
+        start = 0
+        for advance, n in reads:
+            start += advance
+            np.testing.assert_array_equal(stream.read(start, n), expected[start : start + n])
+        # The last read kept at most 30 s before its start: a read further back is refused.
+        released = min(start, len(expected)) - N_SAMPLES - 1
+        if released >= 0:
+            with pytest.raises(ValueError, match="released"):
+                stream.read(released, 1)
+
+
+def test_speech_stream_memory_is_bounded_on_20_minutes(gapped, gapped_probabilities, tmp_path):
+    """20 minutes (the gapped audio, 5 minutes of silence, the gapped audio again) read by 30 s windows
+    advancing 15-30 s: every read is exact, and neither the stream nor its reader holds more than 60 s."""
+    once = vad.speech_regions(*gapped_probabilities)
+    pcm = np.round(np.clip(gapped.audio, -1, 32767 / 32768) * 32768).astype(np.int16)
+    second = len(pcm) + 5 * 60 * SAMPLE_RATE
+    audio = np.concatenate([pcm, np.zeros(second - len(pcm), dtype=np.int16), pcm])
+    assert len(audio) >= 20 * 60 * SAMPLE_RATE
+    path = tmp_path / "long.wav"
+    sf.write(path, audio, SAMPLE_RATE, subtype="PCM_16")
+    regions = [*once, *(vad.SpeechRegion(r.start + second, r.end + second) for r in once)]
+    expected = _speech_only(audio, regions).astype(np.float32) / 32768  # libsndfile's int16 -> float scale
+    rng = np.random.default_rng(3)
+    with vad.SpeechStream(open_audio(path), regions, len(audio)) as stream:
+        offsets = np.cumsum([0] + [r.n_samples for r in regions])
+        start, spanning, held = 0, 0, []
+        while start < stream.n_samples:
+            np.testing.assert_array_equal(stream.read(start, N_SAMPLES), expected[start : start + N_SAMPLES])
+            end = min(start + N_SAMPLES, stream.n_samples)
+            spanning += bisect.bisect_left(offsets, end) - bisect.bisect_right(offsets, start) > 0
+            held.append((len(stream._buf), len(stream._reader._buf)))
+            start += int(rng.integers(N_SAMPLES // 2, N_SAMPLES + 1))
+    assert spanning >= 10  # reads across region boundaries
+    assert max(max(h) for h in held) <= 2 * N_SAMPLES, max(held)
+
+
+def test_speech_stream_of_silence_is_empty(tmp_path):
+    """No speech: a stream of 0 samples (the caller gives an empty transcript), no time map, no error."""
+    rng = np.random.default_rng(7)
+    audio = np.concatenate([np.zeros(10 * SAMPLE_RATE), rng.normal(0, NOISE_RMS, 10 * SAMPLE_RATE)])
+    path = tmp_path / "quiet.flac"
+    sf.write(path, audio.astype(np.float32), SAMPLE_RATE)
+    with vad.speech_stream(path) as stream:
+        assert stream.n_samples == 0 and stream.duration == 0 and stream.regions == ()
+        assert stream.time_map is None and stream.original_duration == pytest.approx(20.0)
+        assert stream.read(0, N_SAMPLES).size == 0 and stream.read(N_SAMPLES, 10).size == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# restoring times on the original audio
+
+
+def _segments_strategy(total_s: float):
+    """Segments of words on a speech-only timeline of ``total_s`` seconds, times on Whisper's 20 ms grid
+    (some words empty, some segments without words)."""
+    frames = int(total_s / 0.02)
+    times = st.lists(st.integers(0, frames), min_size=2, max_size=60).map(sorted)
+
+    def build(args):
+        ticks, sizes = args
+        segments, i = [], 0
+        for size in sizes:
+            span = ticks[i : i + 2 * size] if size else ticks[i : i + 2]
+            if len(span) < 2:
+                break
+            pairs = zip(span[::2], span[1::2], strict=False)
+            words = [{"word": f" w{j}", "start": round(a * 0.02, 2), "end": round(b * 0.02, 2)}
+                     for j, (a, b) in enumerate(pairs)]  # fmt: skip
+            segments.append({"seek": 0, "start": words[0]["start"], "end": words[-1]["end"],
+                             "words": words if size else []})  # fmt: skip
+            i += len(span)
+        return segments
+
+    return st.tuples(times, st.lists(st.integers(0, 6), min_size=1, max_size=10)).map(build)
+
+
+def _in_kept_audio(time: float, regions) -> bool:
+    sample = time * SAMPLE_RATE
+    return any(r.start - 8 <= sample <= r.end + 8 for r in regions)  # 0.5 ms: times are rounded to 1 ms
+
+
+def _spans(segment: dict) -> list[tuple[float, float]]:
+    """A segment's word spans, or its own span when it has no words."""
+    return [(w["start"], w["end"]) for w in segment["words"]] or [(segment["start"], segment["end"])]
+
+
+def _faster_whisper_restored(segments: list[dict], regions) -> list[fw_transcribe.Segment]:
+    """faster-whisper's restore_speech_timestamps over copies of ``segments`` as its Segment and Word."""
+    fw_segments = []
+    for s in segments:
+        words = [fw_transcribe.Word(w["start"], w["end"], "", 1.0) for w in s["words"]] or None
+        fw_segments.append(fw_transcribe.Segment(0, 0, s["start"], s["end"], "", [], 0, 0, 0, words, 0))
+    chunks = [{"start": r.start, "end": r.end} for r in regions]
+    return list(fw_transcribe.restore_speech_timestamps(fw_segments, chunks, SAMPLE_RATE))
+
+
+@settings(max_examples=150, deadline=None)
+@given(regions=_regions_strategy(), data=st.data())
+def test_restored_times_round_trip_stay_in_speech_and_keep_their_order(regions, data):
+    time_map = vad.SpeechTimestampsMap(regions)
+    segments = data.draw(_segments_strategy(time_map.n_samples / SAMPLE_RATE))
+    originals = json.loads(json.dumps(segments))
+    vad.restore_timestamps(segments, time_map)
+    flat = []
+    for segment, original in zip(segments, originals, strict=True):
+        spans = _spans(segment)
+        assert (segment["start"], segment["end"]) == (spans[0][0], spans[-1][1])
+        for (start, end), (old_start, old_end) in zip(spans, _spans(original), strict=True):
+            assert _in_kept_audio(start, regions) and _in_kept_audio(end, regions)
+            assert time_map.speech_time(start) == pytest.approx(old_start, abs=6e-4)
+            if old_end > old_start:  # an empty span on a boundary keeps its end at its start
+                assert time_map.speech_time(end) == pytest.approx(old_end, abs=6e-4)
+            flat += [start, end]
+    assert flat == sorted(flat)  # nothing moves backwards, within a word, a segment or across segments
+
+
+@settings(max_examples=150, deadline=None)
+@given(regions=_regions_strategy(), data=st.data())
+def test_restored_times_match_faster_whisper(regions, data):
+    """faster-whisper's restore_speech_timestamps on the same segments: the same times (to its 10 ms
+    rounding) for segments without words and for words inside one region. Words across a boundary differ by
+    design (test_restored_times_on_region_boundaries): ours start and end in speech."""
+    time_map = vad.SpeechTimestampsMap(regions)
+    segments = data.draw(_segments_strategy(time_map.n_samples / SAMPLE_RATE))
+    fw_segments = _faster_whisper_restored(segments, regions)
+    ends = np.array(time_map._filtered_ends)
+
+    def on_boundary(time: float) -> bool:  # faster-whisper truncates to samples where we round
+        return bool(np.abs(time * SAMPLE_RATE - ends).min() <= 1)
+
+    speech_spans = [_spans(segment) for segment in segments]
+    vad.restore_timestamps(segments, time_map)
+    for ours, theirs, spans in zip(segments, fw_segments, speech_spans, strict=True):
+        pairs = list(zip(ours["words"], theirs.words or [], strict=True)) or [(ours, theirs)]
+        for (mine, fw), (start, end) in zip(pairs, spans, strict=True):
+            if on_boundary(start) or on_boundary(end):
+                continue
+            if time_map.region_index(start) != time_map.region_index(end, is_end=True):
+                assert _in_kept_audio(mine["start"], regions) and _in_kept_audio(mine["end"], regions)
+                continue
+            assert mine["start"] == pytest.approx(fw.start, abs=0.0051)
+            assert mine["end"] == pytest.approx(fw.end, abs=0.0051)
+
+
+def test_restored_times_on_region_boundaries():
+    """Times exactly on boundaries, worked out by hand: regions [1, 3), [5, 6), [10, 12) s end at 2, 3 and 5 s
+    of speech. A start on a boundary goes to the next region, an end to the previous one; an empty word on a
+    boundary stays empty; a word across a boundary spans the removed audio, where faster-whisper (mapping
+    both ends in the region of the middle) starts it inside the removed 6-10 s."""
+    regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in ((1, 3), (5, 6), (10, 12))]
+    words = [(1.5, 2.0), (2.0, 2.0), (2.0, 2.5), (2.9, 3.1)]
+    segments = [
+        {"start": 1.5, "end": 3.1, "words": [{"word": "", "start": a, "end": b} for a, b in words]},
+        {"start": 2.0, "end": 3.0, "words": []},
+    ]
+    vad.restore_timestamps(segments, vad.SpeechTimestampsMap(regions))
+    assert _spans(segments[0]) == [(2.5, 3.0), (5.0, 5.0), (5.0, 5.5), (5.9, 10.1)]
+    assert (segments[0]["start"], segments[0]["end"]) == (2.5, 10.1)
+    assert (segments[1]["start"], segments[1]["end"]) == (5.0, 6.0)
+    reference = fw_vad.SpeechTimestampsMap([{"start": r.start, "end": r.end} for r in regions], SAMPLE_RATE)
+    assert reference.get_original_time(2.9, reference.get_chunk_index((2.9 + 3.1) / 2)) == 9.9
+
+
+def test_restored_corpus_words_come_back_to_the_clips(gapped, gapped_file_stream):
+    """Each clip's reference words (or loud frames) inside kept audio, moved onto the speech-only timeline
+    and restored, are back where they are in the gapped audio (to 1 ms), and where faster-whisper's
+    restore_speech_timestamps puts them (to its 10 ms rounding)."""
+    stream = gapped_file_stream
+    time_map = stream.time_map
+    segments, expected = [], []
+    for offset, clip in gapped.clips:
+        words = [(offset + a, offset + b) for a, b in _voiced_spans(clip)]
+        words = [(a, b) for a, b in words if any(r.start <= a and b <= r.end for r in stream.regions)]
+        expected += [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in words]
+        speech = [{"start": time_map.speech_time(a / SAMPLE_RATE), "end": time_map.speech_time(b / SAMPLE_RATE)}
+                  for a, b in words]  # fmt: skip
+        if speech:
+            segments.append({"start": speech[0]["start"], "end": speech[-1]["end"], "words": speech})
+    assert len(expected) >= 100
+    fw_segments = _faster_whisper_restored(segments, stream.regions)
+    vad.restore_timestamps(segments, time_map)
+    restored = [(w["start"], w["end"]) for s in segments for w in s["words"]]
+    np.testing.assert_allclose(restored, expected, rtol=0, atol=1e-3)
+    reference = [(w.start, w.end) for s in fw_segments for w in s.words]
+    np.testing.assert_allclose(restored, reference, rtol=0, atol=0.0051)

