@@ -327,27 +327,135 @@ class AppendingDecoder(Decoder):
 
 
 class StatefulDecoder(OneHotDecoder):
-    """Core ML's TextDecoderStateful (macOS 15 / iOS 18): the caches live in an MLState that belongs to the
-    call's DecoderState; the host keeps only the masks and positions. Batch 1 (the package's fixed shape)."""
+    """Core ML's stateful decoders (macOS 15 / iOS 18): the caches live in an MLState that belongs to the
+    call's state (``MLStateRows``); the host keeps only the masks and positions. A state's rows are fixed when
+    the package is converted: TextDecoderStateful (``component``) has 1 row; TextDecoderStatefulBeam
+    (``batched``, when the bundle has it) has 5, for beams or samples of one window; a group of fewer rows
+    leaves the rest idle. Beams are reordered through the MLState (``MLStateRows.select``)."""
 
-    def __init__(self, layout: CacheLayout, n_vocab: int, component: Component):
+    def __init__(
+        self, layout: CacheLayout, n_vocab: int, component: Component, batched: Component | None = None
+    ):
         super().__init__(layout, n_vocab, component)
+        self.batched = batched
         self.pool = StatePool(self._new_state)
 
     def _new_state(self, batch: int) -> DecoderState:
-        if batch != 1:
-            raise ModelError("the stateful Core ML decoder decodes one sequence at a time (best_of 1, beam 1)")
-        state = DecoderState(self.layout, batch)
-        state.native = self.component.make_state()
-        return state
+        if batch == 1:
+            return MLStateRows(self.layout, batch, self.component)
+        if self.batched is not None and batch <= package_rows(self.batched):
+            return MLStateRows(self.layout, batch, self.batched)
+        most = package_rows(self.batched) if self.batched is not None else 1
+        raise ModelError(
+            f"the stateful Core ML decoder runs at most {most} rows at once, not {batch} "
+            "(beam_size and best_of up to that; rebuild the bundle for TextDecoderStatefulBeam)"
+        )
 
     def step(self, state, tokens, cross):
+        if cross.batch != 1:
+            raise ModelError(
+                "the stateful Core ML decoder takes one window's cross K/V; decode windows one at a time"
+            )
         self._mark_position(state)
-        feeds = {"input_ids": tokens.astype(np.int32), "cache_length": state.lengths,
-                 "kv_cache_update_mask": state.update, "decoder_key_padding_mask": state.padding, **cross.feeds}  # fmt: skip
-        out = self.component.run(feeds, state=state.native)
+        out = state.component.run(state.step_feeds(tokens, cross), state=state.native)
         state.lengths += 1
-        return out["logits"][:, 0, :], out["alignment_heads_weights"]
+        return out["logits"][: state.batch, 0, :], out["alignment_heads_weights"][: state.batch]
 
     def forward(self, state, tokens, cross, need_logits=True):
         return Decoder.forward(self, state, tokens, cross, need_logits)
+
+
+STATE_NAMES = ("key_cache", "value_cache")
+
+
+def package_rows(component: Component) -> int:
+    """The fixed number of rows of a stateful package (its ``input_ids`` length)."""
+    shape = component.inputs.get("input_ids", (1,))
+    return int(shape[0]) if shape and isinstance(shape[0], int) else 1
+
+
+class MLStateRows(DecoderState):
+    """The state of one call through a stateful Core ML decoder: ``batch`` rows of a package with P >= batch
+    fixed rows. The caches are the package's MLState (``native``, [P, d*L, 1, S] each); the host keeps masks
+    and positions for all P rows, rows past ``batch`` idle (zero update mask, so their state never changes;
+    fully masked). Cache rows move through ``MLState.read_state``/``write_state`` (coremltools >= 8.1): the
+    forced prefix copied from another state, host-side writes (the prefill table), beam reordering. A reorder
+    reads and writes both caches whole (tiny.en at 5 rows: 2 x 6.9 MB of fp16 each way a step)."""
+
+    def __init__(self, layout: CacheLayout, batch: int, component: Component):
+        rows = package_rows(component)
+        self.layout, self.batch, self.component = layout, batch, component
+        self._update_rows = np.zeros((rows, layout.length), dtype=np.float32)
+        self._padding_rows = np.full((rows, layout.length), MASKED, dtype=np.float32)
+        self._length_rows = np.zeros(rows, dtype=np.int32)
+        self._token_rows = np.zeros(rows, dtype=np.int32)
+        # views: the host's rows of the arrays fed whole
+        self.update, self.padding = self._update_rows[:batch], self._padding_rows[:batch]
+        self.lengths = self._length_rows[:batch]
+        self.rows = np.arange(batch)
+        self.keys, self.values, self.cache_feeds, self._spare = [], [], {}, None  # no host caches
+        self.native = component.make_state()
+
+    def step_feeds(self, tokens: np.ndarray, cross: CrossAttention) -> dict[str, np.ndarray]:
+        self._token_rows[: self.batch] = tokens
+        return {"input_ids": self._token_rows, "cache_length": self._length_rows,
+                "kv_cache_update_mask": self._update_rows, "decoder_key_padding_mask": self._padding_rows,
+                **cross.feeds}  # fmt: skip
+
+    def caches(self) -> list[np.ndarray]:
+        """Copies of the MLState's caches (key, value), [P, d*L, 1, S] in the state's precision (fp16)."""
+        try:
+            return [np.array(self.native.read_state(name)) for name in STATE_NAMES]
+        except AttributeError:  # coremltools 8.0's MLState has no read_state
+            raise ModelError("the stateful Core ML decoder needs coremltools >= 8.1 (MLState.read_state); "
+                             "pip install -U coremltools") from None  # fmt: skip
+
+    def _store(self, caches: list[np.ndarray]) -> None:
+        for name, cache in zip(STATE_NAMES, caches, strict=True):
+            self.native.write_state(name, cache)
+
+    def write(self, key: np.ndarray, value: np.ndarray) -> None:
+        t = key.shape[3]
+        self.check_room(t)
+        self.open(t)
+        caches = self.caches()
+        for cache, update in zip(caches, (key, value), strict=True):
+            for r, start in enumerate(self.lengths):
+                cache[r, :, :, start : start + t] = update[r if update.shape[0] > 1 else 0]
+        self._store(caches)
+        self.lengths += t
+
+    def _source(self, other: DecoderState) -> list[np.ndarray]:
+        return other.caches() if isinstance(other, MLStateRows) else [other.keys[0], other.values[0]]
+
+    def copy_prefix_from(self, other: DecoderState) -> None:
+        n = int(other.lengths[0])
+        caches = self.caches()
+        for cache, source in zip(caches, self._source(other), strict=True):
+            cache[: self.batch, :, :, :n] = source[:1, :, :, :n]
+        self._store(caches)
+        self.padding[:, :n] = 0.0
+        self.padding[:, n:] = MASKED
+        self.lengths[:] = n
+
+    def set_row(self, row: int, other: DecoderState, other_row: int = 0) -> None:
+        n = int(other.lengths[other_row])
+        caches = self.caches()
+        for cache, source in zip(caches, self._source(other), strict=True):
+            cache[row, :, :, :n] = source[other_row, :, :, :n]
+        self._store(caches)
+        self.padding[row] = other.padding[other_row]
+        self.lengths[row] = n
+
+    def select(self, rows: np.ndarray) -> None:
+        """Reorder or duplicate rows (beams): read the caches, gather rows up to the longest, write back."""
+        rows = np.asarray(rows)
+        if (rows == self.rows).all():
+            return
+        n = self.length
+        caches = self.caches()
+        for cache in caches:
+            cache[: self.batch, :, :, :n] = cache[rows, :, :, :n]
+        self._store(caches)
+        self.padding[:] = self.padding[rows]
+        self.lengths[:] = self.lengths[rows]

@@ -170,7 +170,10 @@ def uses_cpu_only() -> bool:
 
 
 class CoreMLComponent:
-    """A Core ML model (.mlmodelc through the compiled-model API, .mlpackage otherwise). macOS only."""
+    """A Core ML model (.mlmodelc through the compiled-model API, .mlpackage otherwise). macOS only.
+
+    ``inputs``/``outputs`` map names to shapes as the package declares them, a flexible dimension (the stateless
+    TextDecoder's rows) named like ONNX's symbolic ones (``batch``); ``states`` the MLState shapes."""
 
     def __init__(self, path: Path, compute_units: str = "ALL"):
         if sys.platform != "darwin":
@@ -191,10 +194,12 @@ class CoreMLComponent:
             raise ModelError(f"{path}: cannot load Core ML model ({e})") from None
         self.name = path.stem.split(".")[0]
         if spec is None:
-            spec = ct.utils.load_spec(str(path.with_suffix(".mlpackage"))) if path.with_suffix(".mlpackage").exists() else None
-        self.inputs = {i.name: tuple(i.type.multiArrayType.shape) for i in spec.description.input} if spec else {}
-        self.outputs = {o.name: tuple(o.type.multiArrayType.shape) for o in spec.description.output} if spec else {}
-        self.states = [s.name for s in spec.description.state] if spec else []
+            package = path.with_suffix(".mlpackage")
+            spec = ct.utils.load_spec(str(package)) if package.exists() else None
+        features = (lambda which: getattr(spec.description, which)) if spec else (lambda which: [])
+        self.inputs = {f.name: coreml_shape(f) for f in features("input")}
+        self.outputs = {f.name: coreml_shape(f) for f in features("output")}
+        self.states = {f.name: coreml_shape(f) for f in features("state")}
 
     def make_state(self):
         """A fresh MLState for a stateful package: each decoding call holds its own."""
@@ -203,6 +208,16 @@ class CoreMLComponent:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None, state=None) -> dict[str, np.ndarray]:
         out = self.model.predict(feeds) if state is None else self.model.predict(feeds, state=state)
         return {k: np.asarray(v) for k, v in out.items() if outputs is None or k in outputs}
+
+
+def coreml_shape(feature) -> tuple:
+    """A Core ML feature's shape: ints, a ranged dimension as ``batch`` (the only one our packages range)."""
+    kind = feature.type.WhichOneof("Type")
+    array = feature.type.stateType.arrayType if kind == "stateType" else feature.type.multiArrayType
+    ranges = list(array.shapeRange.sizeRanges)
+    if len(ranges) != len(array.shape):
+        return tuple(int(d) for d in array.shape)
+    return tuple(int(d) if r.lowerBound == r.upperBound else "batch" for d, r in zip(array.shape, ranges, strict=True))
 
 
 def open_component(bundle: Path, rel: str, executor: str, threads: int | None, compute_units: str) -> Component:

@@ -1,21 +1,40 @@
 """Core ML export of the components (ML Program ``.mlpackage``s, DESIGN.md §2-3).
 
-Every package has the contract's tensor names at batch 1 (fixed shapes). Inputs and outputs are float32 (int32
-for ids, lengths, task and language) like the ONNX exports, so both executors feed the same arrays; inside, the
-MelSpectrogram computes in float32 (its 1e-10 floor underflows in fp16) and the other components in float16.
+Every package has the contract's tensor names. Inputs and outputs are float32 (int32 for ids, lengths, task and
+language) like the ONNX exports, so both executors feed the same arrays; inside, the MelSpectrogram computes in
+float32 (its 1e-10 floor underflows in fp16) and the other components in float16.
 
 Written into the bundle:
 
-- ``MelSpectrogram``, ``AudioEncoder``, ``TextDecoder``, ``TextDecoderContextPrefill`` ``.mlpackage``
-  (macOS 13 / iOS 16 targets), the stateless decoder taking and returning the caches as in ONNX;
+- ``MelSpectrogram``, ``AudioEncoder``, ``TextDecoderContextPrefill`` ``.mlpackage`` (macOS 13 / iOS 16
+  targets) at batch 1, fixed shapes;
+- ``TextDecoder.mlpackage`` (macOS 13): the stateless decoder, taking and returning the caches as in ONNX,
+  with a flexible batch (DESIGN.md §8): every per-row input (``input_ids``, ``cache_length``, the caches, both
+  masks) has B rows, B a ``RangeDim`` 1..MAX_DECODER_BATCH shared by all of them (one symbol), default 1; the
+  cross K/V have their own batch 1..MAX_DECODER_BATCH, 1 for beams or samples of one window (broadcast to the
+  B rows by the attention matmuls, never tiled) or B for B windows. Why a range and not ``EnumeratedShapes``:
+  coremltools accepts enumerated shapes on more than one input only from iOS 18 / macOS 15 on (and then pairs
+  the inputs' shapes by index, apple/coremltools#2271), which would take the stateless decoder's macOS 13 / 14
+  users away; a bounded range works from macOS 13. Core ML specializes the default shape (B = 1, greedy) and
+  may run other batches off the Neural Engine; 8 covers beam and best-of 5 (openai's and faster-whisper's
+  defaults) and faster-whisper's batch of 8 windows;
 - ``TextDecoderStateful.mlpackage`` (macOS 15 / iOS 18): the same decoder with ``key_cache``/``value_cache``
   held in MLState, so neither cache crosses the call boundary; its inputs are the stateless ones without the
-  caches, its outputs ``logits`` and ``alignment_heads_weights``; listed as TextDecoder's ``coreml_stateful``;
+  caches, its outputs ``logits`` and ``alignment_heads_weights``; batch 1; listed as TextDecoder's
+  ``coreml_stateful``;
+- ``TextDecoderStatefulBeam.mlpackage`` (macOS 15): the stateful decoder at BEAM_BATCH rows, the cross K/V at
+  batch 1 (broadcast inside), listed as ``coreml_stateful_beam``. A state's shape is fixed at conversion
+  (``StateType`` takes no flexible shape) and every per-row input must match it, so the rows are a fixed
+  number: 5, the default beam size and best-of. The runtime runs up to 5 rows in it (rows past a smaller group
+  idle: all-zero update mask, so their state never changes) and reorders beams by reading the MLState,
+  gathering the rows on the host and writing it back (``decoder.MLStateRows``);
 - with ``palettize`` (4, 6 or 8 bits, on request only): k-means palettized copies of the weight-heavy
-  components next to the fp16 ones, ``AudioEncoder.palettized.mlpackage``, ``TextDecoder.palettized.mlpackage``
-  and ``TextDecoderStateful.palettized.mlpackage``, listed as ``coreml_palettized`` and
-  ``coreml_stateful_palettized``. The fp16 packages stay so the runtime can fall back and a user can compare
-  their WER. The mel and prefill components are not palettized: they hold no learned matrices worth it.
+  components next to the fp16 ones, ``AudioEncoder.palettized.mlpackage``,
+  ``TextDecoder.palettized.mlpackage``, ``TextDecoderStateful.palettized.mlpackage`` and
+  ``TextDecoderStatefulBeam.palettized.mlpackage``, listed as ``coreml_palettized``,
+  ``coreml_stateful_palettized`` and ``coreml_stateful_beam_palettized``. The fp16 packages stay so the
+  runtime can fall back and a user can compare their WER. The mel and prefill components are not palettized:
+  they hold no learned matrices worth it.
 
 Core ML's runtime (``predict``, compilation) exists only on macOS; on Linux the packages are built and their
 specs can be inspected.
@@ -43,6 +62,8 @@ from .modules import TextDecoder, TextDecoderContextPrefill
 STATELESS_TARGET = "macOS13"  # ML Program with fp16 compute: macOS 13 / iOS 16
 STATEFUL_TARGET = "macOS15"  # MLState: macOS 15 / iOS 18
 PALETTIZE_BITS = (4, 6, 8)
+MAX_DECODER_BATCH = 8  # rows (and cross K/V batch) of the stateless TextDecoder: 1..8
+BEAM_BATCH = 5  # rows of TextDecoderStatefulBeam (openai's and faster-whisper's beam_size and best_of)
 # Tensors with fewer elements stay fp16: biases and norms (at most 4 * 1280 = 5120, large-v3's fc1 bias). Every
 # weight matrix is larger (the smallest, tiny's conv1, has 80 * 384 * 3); above 10,000 fp16 elements coremltools
 # clusters with its bundled exact 1-D k-means, below it would need scikit-learn.
@@ -116,9 +137,14 @@ def _quiet():
         yield
 
 
-def _tensor_type(ct, name: str, example: Tensor):
+def _tensor_type(ct, name: str, example: Tensor, batch=None):
+    """A fixed-shape input like ``example``, or with ``batch`` (a ``RangeDim``) as its first dimension."""
     dtype = np.int32 if example.dtype == torch.int32 else np.float32
-    return ct.TensorType(name=name, shape=tuple(example.shape), dtype=dtype)
+    if batch is None:
+        return ct.TensorType(name=name, shape=tuple(example.shape), dtype=dtype)
+    rest = tuple(example.shape[1:])
+    shape = ct.Shape((batch, *rest), default=(batch.default, *rest))
+    return ct.TensorType(name=name, shape=shape, dtype=dtype)
 
 
 def _convert(
@@ -129,14 +155,17 @@ def _convert(
     precision: str = "float16",
     target: str = STATELESS_TARGET,
     states: dict[str, tuple[int, ...]] | None = None,
+    batch_dims: Callable[[object], dict[str, object]] | None = None,
 ):
-    """Trace ``module`` on ``examples`` (in order) and convert it to an ML Program; returns the MLModel."""
+    """Trace ``module`` on ``examples`` (in order) and convert it to an ML Program; returns the MLModel.
+    ``batch_dims(ct)`` gives the inputs whose first dimension is flexible (name -> ``RangeDim``)."""
     ct = _ct()
+    flexible = batch_dims(ct) if batch_dims else {}
     with _quiet(), torch.no_grad():
         traced = torch.jit.trace(module.eval(), tuple(examples.values()), check_trace=False)
         mlmodel = ct.convert(
             traced,
-            inputs=[_tensor_type(ct, n, t) for n, t in examples.items()],
+            inputs=[_tensor_type(ct, n, t, flexible.get(n)) for n, t in examples.items()],
             outputs=[ct.TensorType(name=n, dtype=np.float32) for n in outputs],
             states=[
                 ct.StateType(wrapped_type=ct.TensorType(shape=shape, dtype=np.float16), name=n)
@@ -159,11 +188,11 @@ class TextDecoderStateful(nn.Module):
     records as a state write (only the column at ``kv_cache_update_mask`` changes).
     """
 
-    def __init__(self, decoder: TextDecoder, cache_length: int):
+    def __init__(self, decoder: TextDecoder, cache_length: int, batch: int = 1):
         super().__init__()
         dims = decoder.dims
         self.decoder = decoder
-        shape = (1, dims.n_text_state * dims.n_text_layer, 1, cache_length)
+        shape = (batch, dims.n_text_state * dims.n_text_layer, 1, cache_length)
         self.register_buffer("key_cache", torch.zeros(shape))
         self.register_buffer("value_cache", torch.zeros(shape))
 
@@ -186,7 +215,7 @@ class TextDecoderStateful(nn.Module):
             encoder_attn_key_cache,
             encoder_attn_value_cache,
         )
-        upd = kv_cache_update_mask.unsqueeze(1).unsqueeze(2)  # [1, 1, 1, S]
+        upd = kv_cache_update_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
         keep = 1.0 - upd
         self.key_cache[:] = self.key_cache * keep + key_update * upd
         self.value_cache[:] = self.value_cache * keep + value_update * upd
@@ -206,13 +235,24 @@ def convert_encoder(module: nn.Module, dims: ModelDimensions):
     )
 
 
+def _decoder_batch_dims(ct) -> dict[str, object]:
+    """One symbol for the rows of every per-row input, another for the cross K/V's batch (1 or B)."""
+    rows = ct.RangeDim(1, MAX_DECODER_BATCH, default=1, symbol="batch")
+    windows = ct.RangeDim(1, MAX_DECODER_BATCH, default=1, symbol="encoder_batch")
+    return {n: windows if n.startswith("encoder_") else rows for n in DECODER_INPUTS}
+
+
 def convert_decoder(module: TextDecoder, dims: ModelDimensions, cache_length: int):
-    return _convert(module, decoder_example(dims, cache_length), DECODER_OUTPUTS)
+    """The stateless decoder with a flexible batch. Traced with 2 rows over batch-1 cross K/V, so the graph
+    records the broadcast (at 1 row the two batches could not be told apart)."""
+    example = decoder_example(dims, cache_length, batch=2)
+    return _convert(module, example, DECODER_OUTPUTS, batch_dims=_decoder_batch_dims)
 
 
-def convert_decoder_stateful(module: TextDecoder, dims: ModelDimensions, cache_length: int):
-    wrapper = TextDecoderStateful(module, cache_length).eval()
-    examples = {n: t for n, t in decoder_example(dims, cache_length).items() if n not in CACHE_NAMES}
+def convert_decoder_stateful(module: TextDecoder, dims: ModelDimensions, cache_length: int, batch: int = 1):
+    """The MLState decoder at ``batch`` rows (fixed), the cross K/V at batch 1."""
+    wrapper = TextDecoderStateful(module, cache_length, batch).eval()
+    examples = {n: t for n, t in decoder_example(dims, cache_length, batch).items() if n not in CACHE_NAMES}
     shape = tuple(wrapper.key_cache.shape)
     return _convert(
         wrapper, examples, STATEFUL_OUTPUTS, target=STATEFUL_TARGET, states={n: shape for n in CACHE_NAMES}
@@ -253,9 +293,10 @@ PACKAGES = {
     "AudioEncoder": ("AudioEncoder", "coreml"),
     "TextDecoder": ("TextDecoder", "coreml"),
     "TextDecoderStateful": ("TextDecoder", "coreml_stateful"),
+    "TextDecoderStatefulBeam": ("TextDecoder", "coreml_stateful_beam"),
     "TextDecoderContextPrefill": ("TextDecoderContextPrefill", "coreml"),
 }
-PALETTIZED_PACKAGES = ("AudioEncoder", "TextDecoder", "TextDecoderStateful")  # where the weights are
+PALETTIZED_PACKAGES = ("AudioEncoder", "TextDecoder", "TextDecoderStateful", "TextDecoderStatefulBeam")
 
 
 def _build_package(build: Callable[[], object], path: Path):
@@ -282,8 +323,9 @@ def export_all(
 ) -> dict[str, dict[str, str]]:
     """Write the Core ML packages into ``out_dir``; return ``{component: {kind: package name}}`` for config.json.
 
-    Kinds: ``coreml``, and for TextDecoder ``coreml_stateful``; with ``palettize`` (bits) also
-    ``coreml_palettized`` (AudioEncoder, TextDecoder) and ``coreml_stateful_palettized`` (TextDecoder).
+    Kinds: ``coreml``, and for TextDecoder ``coreml_stateful`` and ``coreml_stateful_beam``; with
+    ``palettize`` (bits) also ``coreml_palettized`` (AudioEncoder, TextDecoder), ``coreml_stateful_palettized`` and
+    ``coreml_stateful_beam_palettized`` (TextDecoder).
     ``packages`` limits the work to some stems of :data:`PACKAGES` (default: all).
     """
     if palettize is not None and palettize not in PALETTIZE_BITS:
@@ -298,6 +340,7 @@ def export_all(
         "AudioEncoder": lambda: convert_encoder(encoder, dims),
         "TextDecoder": lambda: convert_decoder(decoder, dims, s),
         "TextDecoderStateful": lambda: convert_decoder_stateful(decoder, dims, s),
+        "TextDecoderStatefulBeam": lambda: convert_decoder_stateful(decoder, dims, s, BEAM_BATCH),
         "TextDecoderContextPrefill": lambda: convert_prefill(prefill),
     }
     components: dict[str, dict[str, str]] = {}
