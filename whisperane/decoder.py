@@ -142,7 +142,8 @@ class DecoderState:
             return
         n = self.length
         if self._spare is None:
-            self._spare = ([np.empty_like(c) for c in self.keys], [np.empty_like(c) for c in self.values])
+            # zeros, not empty: positions past a row's length still enter the one-hot blend (NaN * 0 is NaN)
+            self._spare = ([np.zeros_like(c) for c in self.keys], [np.zeros_like(c) for c in self.values])
         for caches, spares in zip((self.keys, self.values), self._spare, strict=True):
             for i, (cache, spare) in enumerate(zip(caches, spares, strict=True)):
                 np.take(cache[:, :, :, :n], rows, axis=0, out=spare[:, :, :, :n], mode="clip")

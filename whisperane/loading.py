@@ -72,10 +72,12 @@ def choose_kind(info: BundleInfo, executor: str, compute_type: str) -> BundleKin
         wanted["table"] = ("TextDecoderSequence", "onnx-int8-embedding")
     elif executor == "onnx":
         wanted["sequence"] = ("TextDecoderSequence", "onnx")
+    elif stateful:
+        wanted["beam"] = ("TextDecoder", "coreml_stateful_beam")  # 5 rows of MLState: beams, samples
     files = {}
     for role, (name, variant) in wanted.items():
         rel = info.component(name, variant)
-        if rel is None and role != "sequence":  # a bundle without the multi-token decoder runs single steps
+        if rel is None and role not in ("sequence", "beam"):  # optional: single steps; one row at a time
             raise ModelError(f"{info.path}: the bundle has no {variant} {name}; rebuild it with: "
                              f"{rebuild_command(info.config, info.path)}")  # fmt: skip
         if rel is not None:
@@ -91,6 +93,7 @@ class Sessions:
     after a window's encoder and steps) opens in the background; the prefill table on first use."""
 
     def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str):
+        self._files = kind.files
         self._open = lambda role: open_component(bundle, kind.files[role], kind.executor, threads, compute_units)
         self._lock = threading.Lock()
         self._lazy: dict[str, Component] = {}
@@ -110,10 +113,14 @@ class Sessions:
         return None if self.sequence is None else self.sequence.result()
 
     def prefill(self) -> Component:
+        return self.optional("prefill")
+
+    def optional(self, role: str) -> Component | None:
+        """A component opened on first use (None when the bundle has none for this role)."""
         with self._lock:
-            if "prefill" not in self._lazy:
-                self._lazy["prefill"] = self._open("prefill")
-            return self._lazy["prefill"]
+            if role not in self._lazy:
+                self._lazy[role] = self._open(role) if role in self._files else None
+            return self._lazy[role]
 
 
 def build_decoder(kind: BundleKind, info: BundleInfo, sessions: Sessions) -> Decoder:
@@ -124,7 +131,7 @@ def build_decoder(kind: BundleKind, info: BundleInfo, sessions: Sessions) -> Dec
         table = TokenTable(info.path / kind.files["table"], dims.n_vocab, dims.n_text_state)
         return AppendingDecoder(layout, dims.n_vocab, sessions.decoder, table)
     if kind.decoder == "stateful":
-        return StatefulDecoder(layout, dims.n_vocab, sessions.decoder)
+        return StatefulDecoder(layout, dims.n_vocab, sessions.decoder, sessions.optional("beam"))
     return OneHotDecoder(layout, dims.n_vocab, sessions.decoder, sessions.get_sequence)
 
 

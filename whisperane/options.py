@@ -61,6 +61,9 @@ class TranscribeOptions:
         "transcribe only the speech Silero VAD finds (timestamps stay on the original audio)"))  # fmt: skip
     vad_parameters: dict | None = field(default=None, metadata=_help(
         "VadOptions fields (threshold, min_silence_duration_ms, speech_pad_ms, ...)", cli=False))  # fmt: skip
+    speech_guard: bool = field(default=False, metadata=_help(
+        "a window whose decoding stops on a timestamp while VAD hears speech after it is decoded again from "
+        "that timestamp (once); on with vad_filter"))  # fmt: skip
     batch_size: int | None = field(default=None, metadata=_help(
         "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))  # fmt: skip
     prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))
@@ -84,7 +87,7 @@ class TranscribeOptions:
         for name in ("initial_prompt", "prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
-        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter"):
+        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

@@ -107,12 +107,43 @@ def transcribe(
         if isinstance(audio, AudioStream):
             raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
         return transcribe_chunked(model, lambda: open_audio(audio), options, progress)
+    if options.vad_filter:
+        return _transcribe_speech(model, audio, options, progress)
+    speech = _speech_frames(audio, options) if options.speech_guard else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return Transcription(model, stream, options, progress).run()
+        return Transcription(model, stream, options, progress, speech).run()
     finally:
         if stream is not audio:
             stream.close()
+
+
+def _speech_frames(audio, options: TranscribeOptions) -> list[tuple[int, int]]:
+    """Silero VAD's speech regions of the whole audio, in mel frames (for the seek guard)."""
+    from .chunked import vad_options
+    from .vad import get_speech_timestamps
+
+    if isinstance(audio, AudioStream):
+        raise OptionsError("speech_guard reads the audio twice (VAD, then the windows): pass a path or an array")
+    regions = get_speech_timestamps(audio, vad_options(options, batched=False))
+    return [(r.start // HOP_LENGTH, -(-r.end // HOP_LENGTH)) for r in regions]
+
+
+def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress) -> TranscriptionResult:
+    """vad_filter: the seek loop over the speech alone (with the seek guard: it is all speech), its times put
+    back on the original audio."""
+    from .chunked import vad_options
+    from .vad import restore_timestamps, speech_stream
+
+    with speech_stream(audio, vad_options(options, batched=False)) as stream:
+        duration = stream.original_duration
+        if stream.n_samples == 0:  # no speech: an empty transcript
+            tokenizer = model.tokenizer(options.language or "en", options.task)
+            return _result([], tokenizer, duration, None, options.word_timestamps)
+        loop = Transcription(model, stream, options, progress, [(0, stream.n_samples // HOP_LENGTH + 1)])
+        loop.run_windows()
+        restore_timestamps(loop.all_segments, stream.time_map)
+        return _result(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)
 
 
 def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) -> None:
@@ -121,6 +152,7 @@ def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) ->
     if not model.is_multilingual and options.language not in (None, "en"):
         raise OptionsError(f"English-only models transcribe English only, not {options.language!r}")
 
+GUARD_MIN_SPEECH_FRAMES = 50  # 0.5 s of VAD speech after a window's last timestamp: worth decoding again
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
@@ -244,7 +276,7 @@ class Transcription:
     of the loop (seek, the previous text for the prompt, the segments so far) belongs to this call."""
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
-                 progress: Callable[[float, float], None] | None):  # fmt: skip
+                 progress: Callable[[float, float], None] | None, speech: list[tuple[int, int]] | None = None):  # fmt: skip
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
         self.model, self.stream, self.options, self.progress = model, stream, options, progress
@@ -260,8 +292,15 @@ class Transcription:
         self.window_index = 0
         self.language_probs: dict[str, float] | None = None
         self.first_window: Window | None = None  # encoded for language detection, reused by the loop
+        self.speech = speech  # VAD's speech regions in mel frames, for the seek guard (None: no guard)
+        self.resumed: set[int] = set()  # windows the guard started: never guarded again
 
     def run(self) -> TranscriptionResult:
+        self.run_windows()
+        duration = self.stream.n_samples / SAMPLE_RATE
+        return _result(self.all_segments, self.tokenizer, duration, self.language_probs, self.options.word_timestamps)
+
+    def run_windows(self) -> None:
         self.tokenizer = self._tokenizer_for_language()
         if self.options.initial_prompt:
             self.all_tokens.extend(self.tokenizer.encode(" " + self.options.initial_prompt.strip()))
@@ -273,8 +312,6 @@ class Transcription:
             if self.progress:
                 done = min(self.seek, self.content_frames) / FRAMES_PER_SECOND
                 self.progress(done, self.content_frames / FRAMES_PER_SECOND)
-        duration = self.stream.n_samples / SAMPLE_RATE
-        return _result(self.all_segments, self.tokenizer, duration, self.language_probs, self.options.word_timestamps)
 
     def _tokenizer_for_language(self) -> Tokenizer:
         model, options = self.model, self.options
@@ -338,10 +375,35 @@ class Transcription:
             if last_word_end is not None:
                 self.last_speech_timestamp = last_word_end
             _trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
-        self._commit(w, result, segments, seek)
+        resume = self._resume_point(w, segments, seek)
+        if resume is not None:  # decoded again from there, without the prompt that may have led it astray
+            segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume + 1]
+            self.resumed.add(resume)
+        self._commit(w, result, segments, seek if resume is None else resume)
+
+    def _resume_point(self, w: Window, segments: list[dict], seek: int) -> int | None:
+        """The seek guard: the first stretch of VAD speech (GUARD_MIN_SPEECH_FRAMES or more) between the window's
+        start and the next seek that no word (no segment with text, without word timestamps) covers: openai's
+        rule would skip it (a decoding that stopped early on a timestamp, or jumped over speech). At most once
+        per window: not for a window the guard started."""
+        if self.speech is None or w.seek in self.resumed or seek <= w.seek:
+            return None
+        unheard = np.zeros(seek - w.seek, dtype=bool)
+        for start, end in self.speech:
+            unheard[max(start - w.seek, 0) : max(end - w.seek, 0)] = True
+        for s in segments:
+            spans = [(x["start"], x["end"]) for x in s["words"]] if s.get("words") else [(s["start"], s["end"])]
+            for start, end in spans if s["text"].strip() else []:
+                unheard[max(round(start * FRAMES_PER_SECOND) - w.seek, 0) : max(round(end * FRAMES_PER_SECOND) - w.seek, 0)] = False
+        runs = np.flatnonzero(np.diff(np.concatenate(([0], unheard.astype(np.int8), [0]))))  # run starts, ends
+        for start, end in zip(runs[::2], runs[1::2], strict=True):
+            if end - start >= GUARD_MIN_SPEECH_FRAMES:
+                return w.seek + int(start)
+        return None
 
     def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int) -> None:
-        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on."""
+        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on (a seek
+        guard's resume may decode the same window again, once, without the prompt)."""
         duration = self.stream.n_samples / SAMPLE_RATE
         for s in segments:
             s["end"] = min(s["end"], duration)
@@ -351,9 +413,10 @@ class Transcription:
                 s["id"] = len(self.all_segments)
                 self.all_segments.append(s)
                 self.all_tokens.extend(s["tokens"])
-        if not self.options.condition_on_previous_text or result.temperature > 0.5:
+        resumed = seek in self.resumed
+        if not self.options.condition_on_previous_text or result.temperature > 0.5 or resumed:
             self.prompt_reset_since = len(self.all_tokens)  # no prompt after a high temperature
-        self.seek = seek if seek > w.seek else w.seek + max(w.size, 1)  # never stall
+        self.seek = seek if seek > w.seek or resumed else w.seek + max(w.size, 1)  # never stall
 
     def _skip_hallucinations(self, w: Window, segments: list[dict], seek: int) -> tuple[int, list[dict], bool]:
         """openai-whisper's hallucination_silence_threshold: skip silence around anomalous segments."""
