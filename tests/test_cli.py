@@ -269,10 +269,10 @@ def test_unexpected_exception_is_one_line_and_the_batch_goes_on(run, tmp_path, m
     module = importlib.import_module("whisperane.transcribe")  # `whisperane.transcribe` is the function
     real = module.transcribe
 
-    def flaky(stream, *args, **kwargs):
-        if stream.name.endswith("first.flac"):
+    def flaky(audio, *args, **kwargs):
+        if str(audio).endswith("first.flac"):
             raise RuntimeError("simulated failure\nwith a second line")
-        return real(stream, *args, **kwargs)
+        return real(audio, *args, **kwargs)
 
     monkeypatch.setattr(module, "transcribe", flaky)
     shutil.copy(SHORTER[0], tmp_path / "first.flac")

@@ -42,14 +42,19 @@ def run_alone(model, window, tokens: list[int], then: int):
     return logits[0], align[0]
 
 
+def fill_rows(model, window, batch, prompts: list[list[int]]) -> None:
+    """Each row of ``batch`` decoded through its own prompt, apart (rows at different cache positions)."""
+    for r, tokens in enumerate(prompts):
+        with model.decoding_state(1) as alone:
+            model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
+            batch.set_row(r, alone)
+
+
 def test_rows_at_their_own_positions_decode_as_alone(model, window):
-    prompts = [prefix(model, 2), prefix(model, 6)]  # two rows, cache positions 3+2 and 3+6 (or 4 for int8 sot)
+    prompts = [prefix(model, 2), prefix(model, 6)]  # two rows at different cache positions
     nxt = model.tokenizer().encode(" what")[0]
     with model.decoding_state(2) as batch:
-        for r, tokens in enumerate(prompts):
-            with model.decoding_state(1) as alone:
-                model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
-                batch.set_row(r, alone)
+        fill_rows(model, window, batch, prompts)
         assert list(batch.lengths) == [len(p) for p in prompts]
         logits, align = model.decoder.step(batch, np.array([nxt, nxt]), window.cross)
     for r, tokens in enumerate(prompts):
@@ -63,10 +68,7 @@ def test_selected_rows_continue_as_their_sources(model, window):
     prompts = [prefix(model, 1), prefix(model, 3), prefix(model, 5)]
     nxt = model.tokenizer().encode(" country")[0]
     with model.decoding_state(3) as batch:
-        for r, tokens in enumerate(prompts):
-            with model.decoding_state(1) as alone:
-                model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
-                batch.set_row(r, alone)
+        fill_rows(model, window, batch, prompts)
         order = np.array([2, 0, 2])
         batch.select(order)
         logits, _ = model.decoder.step(batch, np.array([nxt] * 3), window.cross)

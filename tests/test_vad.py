@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from whisperane import vad
 from whisperane.audio import N_SAMPLES, SAMPLE_RATE, load_audio, open_audio
+from whisperane.bundle import hash_path
 from whisperane.errors import ModelError, OptionsError
 
 GAP_SECONDS = (2.0, 10.0)
@@ -165,7 +166,7 @@ def test_model_file_checked_and_cached(tmp_path, monkeypatch):
     """The cached model matches its sha256; without network a missing or corrupt copy is one clear error."""
     path = vad.silero_model_path()
     model = vad.SILERO_MODELS[vad.DEFAULT_MODEL]
-    assert vad._file_sha256(path) == model.sha256
+    assert hash_path(path) == model.sha256
 
     monkeypatch.setenv("WHISPERANE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(vad.MODEL_ENV, raising=False)

@@ -9,7 +9,6 @@ keyed by its absolute ``path`` and the ``sha256`` of the file's content.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from .bundle import hash_path
 from .errors import WhisperaneError
 
 WORD_TYPE = pa.struct([
@@ -43,11 +43,7 @@ TEMP_PREFIX = ".tmp-"
 
 
 def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hash_path(Path(path))
 
 
 def row_json(row: dict) -> dict:

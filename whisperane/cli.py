@@ -190,18 +190,16 @@ class _FileRunner:
         if path in clashes:
             raise WhisperaneError(f"{path}: its outputs would overwrite those of {clashes[path]} (same name); "
                                   "rename one of them or transcribe them into separate output directories")  # fmt: skip
-        stream = open_audio(path)
-        try:
-            self.model = self.model or self._load()
-            bar = _progress_bar(args.progress, stream.duration, path)
-            try:
-                result = transcribing.transcribe(stream, self.model, progress=bar.update if bar else None,
-                                                 **self.options.to_kwargs())  # fmt: skip
-            finally:
-                if bar:
-                    bar.close()
+        with open_audio(path) as stream:  # a bad file fails here, before the model is loaded
+            duration = stream.duration
+        self.model = self.model or self._load()
+        bar = _progress_bar(args.progress, duration, path)
+        try:  # by path: transcribe() reads it twice (the file's log-mel peak first, as openai-whisper floors it)
+            result = transcribing.transcribe(path, self.model, progress=bar.update if bar else None,
+                                             **self.options.to_kwargs())  # fmt: skip
         finally:
-            stream.close()
+            if bar:
+                bar.close()
         self._write(job, result.to_dict(), t0)
 
     def _write(self, job: _Job, data: dict, t0: float) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .audio import HOP_LENGTH, N_SAMPLES
+from .audio import HOP_LENGTH, N_SAMPLES, AudioStream
 from .bundle import BundleInfo
 from .decoder import CrossAttention, Decoder, DecoderState, cross_attention_reader
 from .tokenizer import Tokenizer
@@ -64,21 +64,34 @@ class WhisperaneModel:
         """A tokenizer for (language, task); the parsed vocabulary is shared (parsing it takes ~0.1 s)."""
         return self._tokenizer.with_language(language if self.info.multilingual else None, task)
 
-    def log_mel(self, audio: np.ndarray) -> np.ndarray:
+    def log_mel(self, audio: np.ndarray, file_peak: float | None = None) -> np.ndarray:
         """Up to 30 s of 16 kHz audio -> [1, M, 1, 3000].
 
         Frames past the audio are zero in the log-mel domain, as openai-whisper and faster-whisper pad a short
         window (``pad_or_trim`` of the mel): the model was trained on that, not on the log-mel of silence.
+        ``file_peak``: the largest value of the whole file's log-mel (``mel_peak``). openai-whisper floors the
+        log-mel 8 (log10) below the file's maximum, the component below the window's; since the file's is the
+        larger, flooring the window's output at ``file_peak - 2`` (8 / 4 in normalized units) gives openai's.
         """
         n = min(len(audio), N_SAMPLES)
         window = np.zeros(N_SAMPLES, dtype=np.float32)
         window[:n] = audio[:n]
         mel = self._sessions.mel.run({"audio": window})["melspectrogram_features"]
         content_frames = n // HOP_LENGTH
+        if file_peak is not None:
+            mel = np.maximum(mel, np.float32(file_peak - 2.0))
         if content_frames < mel.shape[-1]:
             mel = np.array(mel)
             mel[..., content_frames:] = 0.0
         return mel
+
+    def mel_peak(self, stream: AudioStream) -> float:
+        """The largest log-mel value of a whole stream (read from its start), window by window."""
+        peak, start = -np.inf, 0
+        while len(samples := stream.read(start, N_SAMPLES)):
+            peak = max(peak, float(self.log_mel(samples).max()))
+            start += len(samples)
+        return peak
 
     def encode(self, mel: np.ndarray) -> EncodedWindow:
         """Log-mels [B, M, 1, 3000] -> the encoder output and cross K/V of B windows."""

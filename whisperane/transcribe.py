@@ -110,9 +110,13 @@ def transcribe(
     if options.vad_filter:
         return _transcribe_speech(model, audio, options, progress)
     speech = _speech_frames(audio, options) if options.speech_guard else None
+    peak = None
+    if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
+        with open_audio(audio) as first_pass:
+            peak = model.mel_peak(first_pass)
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return Transcription(model, stream, options, progress, speech).run()
+        return Transcription(model, stream, options, progress, speech, peak).run()
     finally:
         if stream is not audio:
             stream.close()
@@ -156,7 +160,8 @@ GUARD_MIN_SPEECH_FRAMES = 50  # 0.5 s of VAD speech after a window's last timest
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
-def _read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int) -> tuple[EncodedWindow | None, np.ndarray]:
+def _read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int,
+                 file_peak: float | None) -> tuple[EncodedWindow | None, np.ndarray]:  # fmt: skip
     """Encode the window at ``seek``; None for digital silence, where Whisper is known to invent " you"
     (with a no-speech probability that the log-probability rule overrides). Also returns the samples."""
     start = seek * HOP_LENGTH
@@ -164,7 +169,7 @@ def _read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frame
     peak = float(np.abs(samples).max()) if len(samples) else 0.0
     if peak < SILENCE_PEAK:
         return None, samples
-    return model.encode(model.log_mel(samples)), samples
+    return model.encode(model.log_mel(samples, file_peak)), samples
 
 
 WORD_FRAME = 320  # 20 ms, the resolution of word timestamps
@@ -276,7 +281,8 @@ class Transcription:
     of the loop (seek, the previous text for the prompt, the segments so far) belongs to this call."""
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
-                 progress: Callable[[float, float], None] | None, speech: list[tuple[int, int]] | None = None):  # fmt: skip
+                 progress: Callable[[float, float], None] | None, speech: list[tuple[int, int]] | None = None,
+                 file_peak: float | None = None):  # fmt: skip
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
         self.model, self.stream, self.options, self.progress = model, stream, options, progress
@@ -294,6 +300,7 @@ class Transcription:
         self.first_window: Window | None = None  # encoded for language detection, reused by the loop
         self.speech = speech  # VAD's speech regions in mel frames, for the seek guard (None: no guard)
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
+        self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
 
     def run(self) -> TranscriptionResult:
         self.run_windows()
@@ -319,7 +326,7 @@ class Transcription:
         if model.is_multilingual and language is None:
             # The same frames the first window of the loop reads, so that the loop reuses this encoding.
             size = min(N_FRAMES, self.content_frames)
-            self.first_window = Window(0, size, *_read_window(model, self.stream, 0, size))
+            self.first_window = Window(0, size, *_read_window(model, self.stream, 0, size, self.file_peak))
             if self.first_window.enc is not None:
                 language, self.language_probs = detect_language(model, self.first_window.enc, model.tokenizer())
             else:  # nothing to detect from: the transcript will be empty
@@ -344,7 +351,7 @@ class Transcription:
             size = min(N_FRAMES, self.content_frames - self.seek, clip_end - self.seek)
             first, self.first_window = self.first_window, None
             window = first if first is not None and self.seek == 0 and size == first.size else None
-            window = window or Window(self.seek, size, *_read_window(self.model, self.stream, self.seek, size))
+            window = window or Window(self.seek, size, *_read_window(self.model, self.stream, self.seek, size, self.file_peak))
             if self.stream.exhausted:
                 self.content_frames = int(self.stream.n_samples // HOP_LENGTH)
             return window

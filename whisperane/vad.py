@@ -20,7 +20,6 @@ transcript's times back on the original audio (faster-whisper's ``restore_speech
 from __future__ import annotations
 
 import bisect
-import hashlib
 import numbers
 import os
 import subprocess
@@ -36,6 +35,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import CHUNK_LENGTH, SAMPLE_RATE, AudioSource, AudioStream, open_audio
+from .bundle import hash_path
 from .convert.sources import _last_error_line, default_cache_dir
 from .errors import AudioError, ModelError, OptionsError
 
@@ -188,17 +188,9 @@ def silero_model_path(name: str = DEFAULT_MODEL, *, cache_dir: Path | None = Non
     model = SILERO_MODELS[name]
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_vad_dir()
     path = folder / f"{model.package}-{model.version}" / Path(model.member).name
-    if not (path.is_file() and _file_sha256(path) == model.sha256):
+    if not (path.is_file() and hash_path(path) == model.sha256):
         _fetch_model(model, path)
     return path
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fetch_model(model: SileroModelFile, path: Path) -> None:
@@ -213,7 +205,7 @@ def _fetch_model(model: SileroModelFile, path: Path) -> None:
                 staged.write_bytes(archive.read(model.member))
         except (zipfile.BadZipFile, KeyError) as err:
             raise ModelError(f"{wheel.name}: not the expected {model.requirement} wheel ({err})") from err
-        actual = _file_sha256(staged)
+        actual = hash_path(staged)
         if actual != model.sha256:
             raise ModelError(
                 f"{wheel.name}: {model.member} has sha256 {actual}, expected {model.sha256}; "
