@@ -26,17 +26,16 @@ from conftest import CLIPS, Clip, TorchWhisper, teacher_forced_tokens
 from onnx import numpy_helper
 from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
-from whisperane.bundle import BundleInfo, verify_bundle
+from whisperane.bundle import MASK_VALUE, BundleInfo, verify_bundle
 from whisperane.convert import export_onnx, modules
 from whisperane.convert.checkpoint import Checkpoint, load_checkpoint, to_hf_state_dict
 from whisperane.convert.cli import main
 from whisperane.convert.pipeline import convert
+from whisperane.decoder import TokenTable
 from whisperane.dims import ModelDimensions
 from whisperane.errors import ModelError
-from whisperane.model import TokenTable
 
 MIN_PSNR = 35.0
-MASKED = -1e4
 
 torch.set_grad_enabled(False)
 # One thread: the one-token decoder loops are hundreds of tiny ops, and with two OpenMP threads on a busy
@@ -135,7 +134,7 @@ def decode_teacher_forced(
     dl = enc_k.shape[1]
     key_cache = np.zeros((1, dl, 1, cache_length), np.float32)
     value_cache = np.zeros_like(key_cache)
-    padding = np.full((1, cache_length), MASKED, np.float32)
+    padding = np.full((1, cache_length), MASK_VALUE, np.float32)
     out: list[list[np.ndarray]] = [[], [], [], []]
     for i, token in enumerate(tokens):
         feeds = {
@@ -170,7 +169,7 @@ def sequence_feeds(
         "cache_length": np.zeros(1, np.int32),
         "key_cache": empty,
         "value_cache": empty,
-        "decoder_key_padding_mask": np.full((1, cache_length), MASKED, np.float32),
+        "decoder_key_padding_mask": np.full((1, cache_length), MASK_VALUE, np.float32),
         "encoder_attn_key_cache": enc_k,
         "encoder_attn_value_cache": enc_v,
     }

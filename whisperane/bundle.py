@@ -12,6 +12,8 @@ from .dims import ModelDimensions
 from .errors import ModelError
 
 CONTRACT_VERSION = 1
+# decoder_key_padding_mask for positions not attended: additive; -inf would turn fully masked rows into NaN
+MASK_VALUE = -1e4
 CONFIG_NAME = "config.json"
 COMPONENTS = ("MelSpectrogram", "AudioEncoder", "TextDecoder", "TextDecoderContextPrefill")
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .bundle import MASK_VALUE
 from .errors import ModelError
 from .executors import Component
 
-MASKED = -1e4  # decoder_key_padding_mask value for positions not attended
 SHORT_SEQUENCE = 4  # up to this many tokens, ``forward`` runs single steps (measured: 4 steps < 1 call)
 
 
@@ -65,7 +65,7 @@ class DecoderState:
         self.batch = batch
         self.keys = [np.zeros(shape, dtype=np.float32) for _ in range(layout.parts())]
         self.values = [np.zeros(shape, dtype=np.float32) for _ in range(layout.parts())]
-        self.padding = np.full((batch, layout.length), MASKED, dtype=np.float32)
+        self.padding = np.full((batch, layout.length), MASK_VALUE, dtype=np.float32)
         self.update = np.zeros((batch, layout.length), dtype=np.float32)
         self.lengths = np.zeros(batch, dtype=np.int32)
         self.rows = np.arange(batch)
@@ -83,7 +83,7 @@ class DecoderState:
         return int(self.lengths.max())
 
     def reset(self) -> None:
-        self.padding.fill(MASKED)
+        self.padding.fill(MASK_VALUE)
         self.lengths.fill(0)
 
     def check_room(self, t: int) -> None:
@@ -121,7 +121,7 @@ class DecoderState:
             for cache, source in zip(mine, theirs, strict=True):
                 cache[:, :, :, :n] = source[:1, :, :, :n]
         self.padding[:, :n] = 0.0
-        self.padding[:, n:] = MASKED
+        self.padding[:, n:] = MASK_VALUE
         self.lengths[:] = n
 
     def set_row(self, row: int, other: DecoderState, other_row: int = 0) -> None:
@@ -387,7 +387,7 @@ class MLStateRows(DecoderState):
         rows = package_rows(component)
         self.layout, self.batch, self.component = layout, batch, component
         self._update_rows = np.zeros((rows, layout.length), dtype=np.float32)
-        self._padding_rows = np.full((rows, layout.length), MASKED, dtype=np.float32)
+        self._padding_rows = np.full((rows, layout.length), MASK_VALUE, dtype=np.float32)
         self._length_rows = np.zeros(rows, dtype=np.int32)
         self._token_rows = np.zeros(rows, dtype=np.int32)
         # views: the host's rows of the arrays fed whole
@@ -436,7 +436,7 @@ class MLStateRows(DecoderState):
             cache[: self.batch, :, :, :n] = source[:1, :, :, :n]
         self._store(caches)
         self.padding[:, :n] = 0.0
-        self.padding[:, n:] = MASKED
+        self.padding[:, n:] = MASK_VALUE
         self.lengths[:] = n
 
     def set_row(self, row: int, other: DecoderState, other_row: int = 0) -> None:

@@ -27,9 +27,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from .audio import INPUT_STRIDE, TOKENS_PER_SECOND
 from .decoding import logsumexp
+from .options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 
-PREPEND_PUNCTUATIONS = "\"'“¿([{-"
-APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 # Words that hallucination_silence_threshold ignores when it scores a segment (openai's `punctuation`).
 PUNCTUATION = PREPEND_PUNCTUATIONS + APPEND_PUNCTUATIONS
 SENTENCE_END_MARKS = ".。!！?？"

@@ -21,10 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..audio import HOP_LENGTH, N_FFT, mel_filters
+from ..bundle import MASK_VALUE
 from ..dims import ModelDimensions
-
-MASK_VALUE = -1e4  # additive mask; -inf would turn fully masked rows into NaN and overflows nothing in fp16
-
 
 # --- attention implementations --------------------------------------------------------------------------
 # q: [B, H, Dh, Tq], k/v: [B', H, Dh, Tk] with B' == B or 1 (broadcast), mask: additive, broadcastable to

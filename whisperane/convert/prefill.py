@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..audio import N_SAMPLES
+from ..bundle import MASK_VALUE
 from .modules import AudioEncoder, MelSpectrogram, TextDecoderSequence
 
 NOISE_LEVELS_DBFS = (-20, -30, -40, -50, -60, -70, -80, -90)
@@ -47,7 +48,7 @@ def compute_prefill_table(
     batch = enc_k.shape[0]
     dl = enc_k.shape[1]
     empty = torch.zeros(batch, dl, 1, cache_length)
-    pad = torch.full((batch, cache_length), -1e4)
+    pad = torch.full((batch, cache_length), MASK_VALUE)
     zero = torch.zeros(batch, dtype=torch.int32)
     langs = language_tokens or [None]
     tasks = task_tokens or [None]
