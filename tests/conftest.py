@@ -27,13 +27,20 @@ def ct2_base_dir() -> Path:
     return resolve_source("base", progress=False).path
 
 
-@pytest.fixture(scope="session")
-def corpus_manifest() -> list[dict]:
-    """The entries of shared/corpus/manifest.jsonl (real speech with reference transcripts)."""
+def corpus_entries() -> list[dict]:
+    """The entries of shared/corpus/manifest.jsonl (real speech with reference transcripts); without the corpus,
+    the clips in tests/data with theirs (``audio`` is then an absolute path, which ``CORPUS_DIR / audio``
+    keeps)."""
     manifest = CORPUS_DIR / "manifest.jsonl"
     if not manifest.is_file():
-        pytest.skip(f"speech corpus not found at {manifest}")
+        return [{"id": name, "audio": str(path), "text": text, "language": language}
+                for name, (path, language, text) in DATA_CLIPS.items()]  # fmt: skip
     return [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def corpus_manifest() -> list[dict]:
+    return corpus_entries()
 
 
 # --- converted models (build side) ---------------------------------------------------------------------------
@@ -41,6 +48,19 @@ def corpus_manifest() -> list[dict]:
 
 MODELS_DIR = REPO_ROOT / "models"
 DATA_DIR = Path(__file__).resolve().parent / "data"
+# The clips in tests/data and their transcripts (tests/data/README.md): (path, language, text).
+DATA_CLIPS = {
+    "jfk": (DATA_DIR / "jfk.flac", "en", "And so my fellow Americans, ask not what your country can do for you, "
+            "ask what you can do for your country."),
+    "1089-134686-0001": (DATA_DIR / "1089-134686-0001.flac", "en", "STUFF IT INTO YOU HIS BELLY COUNSELLED HIM"),
+    "1089-134691-0000": (DATA_DIR / "1089-134691-0000.flac", "en", "HE COULD WAIT NO LONGER"),
+    "1089-134691-0001": (DATA_DIR / "1089-134691-0001.flac", "en",
+                         "FOR A FULL HOUR HE HAD PACED UP AND DOWN WAITING BUT HE COULD WAIT NO LONGER"),
+    "LJ001-0002": (DATA_DIR / "LJ001-0002.flac", "en", "in being comparatively modern."),
+    "LJ001-0008": (DATA_DIR / "LJ001-0008.flac", "en", "has never been surpassed."),
+    "es": (DATA_DIR / "test_es.wav", "es", "Las arenas son blanquecinas de grano medio y tiene muy poca asistencia."),
+    "de": (DATA_DIR / "test_de.wav", "de", "Der hinter diesem Portal liegenden Raum wurde als Leichenhalle genutzt."),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

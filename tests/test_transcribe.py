@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import CORPUS_DIR, DATA_CLIPS, corpus_entries
 
 from whisperane.audio import SAMPLE_RATE, load_audio
 from whisperane.transcribe import transcribe
@@ -20,14 +21,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 EN_CLIPS = ["jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "LJ001-0002.flac"]
 LONG_CLIPS = [*EN_CLIPS, "1089-134691-0001.flac", "LJ001-0008.flac"]
-REFERENCES = {  # tests/data/README.md
-    "jfk.flac": "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country.",
-    "1089-134686-0001.flac": "STUFF IT INTO YOU HIS BELLY COUNSELLED HIM",
-    "1089-134691-0000.flac": "HE COULD WAIT NO LONGER",
-    "LJ001-0002.flac": "in being comparatively modern.",
-    "1089-134691-0001.flac": "FOR A FULL HOUR HE HAD PACED UP AND DOWN WAITING BUT HE COULD WAIT NO LONGER",
-    "LJ001-0008.flac": "has never been surpassed.",
-}
+REFERENCES = {path.name: text for path, _, text in DATA_CLIPS.values()}  # tests/data/README.md
 pytestmark = pytest.mark.slow
 
 
@@ -50,7 +44,7 @@ def tiny_int8(tiny_en_bundle):
     from whisperane.loading import load_model
 
     m = load_model(tiny_en_bundle, threads=2, compute_type="int8")
-    assert m.decoder.name == "TextDecoderSequence.int8" and m.sequence is m.decoder  # one session for both uses
+    assert m.kind.decoder == "appending" and "sequence" not in m.kind.files  # one int8 session for both uses
     return m
 
 
@@ -169,10 +163,25 @@ def test_base_int8_detects_language(base_int8, base, clip, language):
     assert wer <= 0.25
 
 
-def test_base_translate_gives_english(base):
-    result = transcribe(load_audio(DATA_DIR / "test_es.wav"), base, task="translate", language="es")
-    text = result.text.lower()
-    assert text.strip() and all(word not in text for word in ("arenas", "blanquecinas", "grano"))
+# A translation of tests/data/test_es.wav's "Las arenas son blanquecinas de grano medio y tiene muy poca
+# asistencia." (the recording's own wording, "asistencia" included). Measured WER against it: base float32
+# 0.58 ("The sand is white, the middle grain and has very few assistance."), int8 0.33.
+ES_TRANSLATION = "The sands are whitish, of medium grain, and have very little assistance."
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8"])
+def test_base_translate_gives_english(base_bundle, compute_type):
+    from whisperane.loading import load_model
+
+    model = load_model(base_bundle, threads=2, compute_type=compute_type)
+    result = transcribe(load_audio(DATA_DIR / "test_es.wav"), model, task="translate", language="es")
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    wer = jiwer.wer(norm(ES_TRANSLATION), norm(result.text))
+    print(f"translate es -> en ({compute_type}): {result.text!r}, WER {wer:.2f}")
+    assert wer <= 0.6
 
 
 def _speech_onset(audio: np.ndarray) -> float:
@@ -282,24 +291,13 @@ def test_decode_time_alignment_close_to_teacher_forced(tiny):
     assert np.median(d) <= 0.1
 
 
-def _corpus_entries() -> list[dict]:
-    import json
-
-    manifest = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "manifest.jsonl"
-    if not manifest.is_file():
-        return []
-    return [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-@pytest.mark.skipif(not _corpus_entries(), reason="the speech corpus (../shared/corpus) is not beside this checkout")
 def test_words_well_formed_on_every_corpus_clip(tiny_int8, base_int8):
     """Every corpus clip with the default (int8) decoders, English with tiny.en, the others with base: words
     monotonic, inside their segment and inside the audio; no repetition loop; the language of every non-English
-    clip detected as the manifest says."""
-    corpus = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+    clip detected as the manifest says (the clips in tests/data without the corpus)."""
     wrong_language = []
-    for entry in _corpus_entries():
-        audio = load_audio(corpus / entry["audio"])
+    for entry in corpus_entries():
+        audio = load_audio(CORPUS_DIR / entry["audio"])
         model = tiny_int8 if entry["language"] == "en" else base_int8
         result = transcribe(audio, model)
         _check_words_well_formed(result, len(audio) / SAMPLE_RATE)
