@@ -20,11 +20,14 @@ from .options import TranscribeOptions
 from .tokenizer import Tokenizer
 from .transcribe import (
     TranscriptionResult,
+    _add_words,
     _decode_with_fallback,
     _is_silence,
     _needs_fallback,
     _result,
     _split_segments,
+    alignment_sequence,
+    teacher_forced,
 )
 from .vad import SpeechChunk, VadOptions, get_speech_timestamps, merge_chunks
 
@@ -57,9 +60,7 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
             if tokenizer is None:
                 tokenizer, language_probs = _language(model, enc, options)
             results = _decode_batch(model, enc, options, tokenizer, language_probs)
-            for i, (chunk, result) in enumerate(zip(batch, results, strict=True)):
-                if result is not None:
-                    segments.extend(_chunk_segments(model, enc.row(i), chunk, result, tokenizer, options))
+            segments.extend(_batch_segments(model, enc, batch, results, tokenizer, options))
             if progress:
                 progress(batch[-1].end / SAMPLE_RATE, duration)
     tokenizer = tokenizer or model.tokenizer(options.language or "en", options.task)
@@ -89,15 +90,29 @@ def _decode_batch(model: WhisperaneModel, enc: EncodedWindow, options: Transcrib
     return results
 
 
-def _chunk_segments(model: WhisperaneModel, enc: EncodedWindow, chunk: SpeechChunk, result: DecodingResult,
-                    tokenizer: Tokenizer, options: TranscribeOptions) -> list[dict]:  # fmt: skip
-    """The chunk's segments and words, on the original audio's timeline."""
-    from .transcribe import _add_words
+def _batch_segments(model: WhisperaneModel, enc: EncodedWindow, batch: list[SpeechChunk],
+                    results: list[DecodingResult | None], tokenizer: Tokenizer, options: TranscribeOptions) -> list[dict]:  # fmt: skip
+    """The chunks' segments and words (one teacher-forced call for all chunks), on the original timeline."""
+    window, rows = enc, [i for i, r in enumerate(results) if r is not None]
+    split = {i: _split_segments(results[i], tokenizer, 0, batch[i].n_samples // HOP_LENGTH)[0] for i in rows}
+    spoken = [i for i in rows if any(t < tokenizer.eot for s in split[i] for t in s["tokens"])]
+    forced = {}
+    if options.word_timestamps and spoken and options.alignment == "teacher-forced":
+        if len(spoken) < enc.embeds.shape[0]:  # only the chunks with text (a copy of their K/V, once a batch)
+            cross = type(enc.cross)({k: v[spoken] for k, v in enc.cross.feeds.items()}, len(spoken))
+            enc = EncodedWindow(enc.embeds[spoken], cross)
+        sequences = [alignment_sequence(split[i], tokenizer) for i in spoken]
+        forced = dict(zip(spoken, teacher_forced(model, enc, sequences), strict=True))
+    segments = []
+    for i in rows:
+        frames = batch[i].n_samples // HOP_LENGTH
+        if options.word_timestamps:
+            _add_words(model, window.row(i), results[i], split[i], tokenizer, options, 0.0, frames, 0.0, forced.get(i))
+        segments.extend(_on_original_timeline(split[i], batch[i]))
+    return segments
 
-    frames = chunk.n_samples // HOP_LENGTH
-    segments, _, _ = _split_segments(result, tokenizer, 0, frames)
-    if options.word_timestamps:
-        _add_words(model, enc, result, segments, tokenizer, options, 0.0, frames, 0.0)
+
+def _on_original_timeline(segments: list[dict], chunk: SpeechChunk) -> list[dict]:
     for s in segments:
         s["seek"] = round(chunk.start / HOP_LENGTH)
         for w in s.get("words") or []:

@@ -504,7 +504,27 @@ def _split_segments(result: DecodingResult, tokenizer: Tokenizer, seek: int, seg
     return segments, next_seek, single_timestamp_ending
 
 
-def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech) -> None:
+def alignment_sequence(segments: list[dict], tokenizer: Tokenizer) -> list[int]:
+    """The teacher-forced pass's tokens for a window's segments (openai's: no prompt, no timestamps)."""
+    text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
+    return [*tokenizer.sot_sequence, tokenizer.no_timestamps, *text_tokens, tokenizer.eot]
+
+
+def teacher_forced(model: WhisperaneModel, enc: EncodedWindow, sequences: list[list[int]]) -> list[tuple]:
+    """(logits [T, V], alignment weights [A, T, F]) of each window's sequence, all rows in one decoder call
+    (``enc`` holds one window per sequence; shorter rows are padded after their end, which the causal
+    attention keeps from changing their own positions)."""
+    longest = max(len(seq) for seq in sequences)
+    tokens = np.asarray([seq + [seq[-1]] * (longest - len(seq)) for seq in sequences])
+    with model.decoding_state(len(sequences)) as state:
+        logits, weights = model.decoder.forward(state, tokens, enc.cross)
+    return [(logits[r, : len(seq)], weights[r, :, : len(seq)]) for r, seq in enumerate(sequences)]
+
+
+def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech,
+               forced: tuple | None = None) -> None:  # fmt: skip
+    """Word timestamps of a window's segments; ``forced``: its teacher-forced pass, when run for several
+    windows at once (``teacher_forced``)."""
     text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
     if not text_tokens:
         for s in segments:
@@ -517,12 +537,10 @@ def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time
         probs = np.exp([result.token_logprobs[i] for i in rows[:-1]])
         alignment = timing.find_alignment(weights, text_tokens, probs, num_frames, tokenizer)
     else:
-        seq = [*tokenizer.sot_sequence, tokenizer.no_timestamps, *text_tokens, tokenizer.eot]
-        with model.decoding_state(1) as state:
-            logits, weights = model.decoder.forward(state, np.asarray([seq]), enc.cross)
+        logits, weights = forced or teacher_forced(model, enc, [alignment_sequence(segments, tokenizer)])[0]
         first = len(tokenizer.sot_sequence)
-        probs = timing.text_token_probabilities(logits[0, first:], text_tokens, tokenizer.eot)
-        alignment = timing.find_alignment(weights[0], text_tokens, probs, num_frames, tokenizer, first_row=first)
+        probs = timing.text_token_probabilities(logits[first:], text_tokens, tokenizer.eot)
+        alignment = timing.find_alignment(weights, text_tokens, probs, num_frames, tokenizer, first_row=first)
     timing.add_word_timestamps(
         segments, alignment, time_offset=time_offset, last_speech_timestamp=last_speech,
         prepend_punctuations=options.prepend_punctuations, append_punctuations=options.append_punctuations,
