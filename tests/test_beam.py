@@ -9,12 +9,11 @@ clips are named and counted, at most one per model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CORPUS_DIR, DATA_DIR
+from conftest import CORPUS_DIR, corpus_entries
 from openai_reference import load_openai_model, openai_beam_search
 
 import whisperane
@@ -22,22 +21,9 @@ from whisperane.audio import SAMPLE_RATE, load_audio
 
 TIE_MARGIN = 0.01
 BEAM = 5
-DATA_CLIPS = {  # tests/data: id -> (file, language)
-    "jfk": ("jfk.flac", "en"), "1089-134686-0001": ("1089-134686-0001.flac", "en"),
-    "1089-134691-0000": ("1089-134691-0000.flac", "en"), "1089-134691-0001": ("1089-134691-0001.flac", "en"),
-    "LJ001-0002": ("LJ001-0002.flac", "en"), "LJ001-0008": ("LJ001-0008.flac", "en"),
-    "es": ("test_es.wav", "es"), "de": ("test_de.wav", "de"),
-}  # fmt: skip
-
-
 def clips(english_only: bool) -> list[tuple[str, Path]]:
-    manifest = CORPUS_DIR / "manifest.jsonl"
-    if manifest.is_file():
-        entries = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
-        found = [(e["id"], CORPUS_DIR / e["audio"], e["language"]) for e in entries]
-    else:
-        found = [(cid, DATA_DIR / f, lang) for cid, (f, lang) in DATA_CLIPS.items()]
-    return [(cid, path) for cid, path, lang in found if lang == "en" or not english_only]
+    """(id, path) of the corpus clips (tests/data's without the corpus)."""
+    return [(e["id"], CORPUS_DIR / e["audio"]) for e in corpus_entries() if e["language"] == "en" or not english_only]
 
 
 def openai_with_margins(model, audio: np.ndarray) -> tuple[dict, list[float]]:
@@ -70,6 +56,9 @@ def segments_of(result, duration: float) -> list[tuple[float, float, str]]:
     return [(round(s["start"], 2), round(min(s["end"], duration), 2), s["text"]) for s in segments if s["text"].strip()]
 
 
+FLOAT32_TEXTS: dict[tuple[str, str], str] = {}  # (bundle, clip id) -> float32 beam-5 text, for the int8 test
+
+
 def compare_with_openai(bundle: Path, ct2_dir: Path, english_only: bool) -> tuple[int, list[str]]:
     """Clips compared, and the ids of those that differ from openai (asserted to be near-ties)."""
     ours_model = whisperane.load_model(bundle, compute_type="float32")
@@ -81,6 +70,7 @@ def compare_with_openai(bundle: Path, ct2_dir: Path, english_only: bool) -> tupl
         theirs, margins = openai_with_margins(theirs_model, audio)
         ours = ours_model.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False,
                                      language=theirs["language"] if ours_model.is_multilingual else None)  # fmt: skip
+        FLOAT32_TEXTS[(str(bundle), cid)] = ours.text
         compared += 1
         duration = round(len(audio) / SAMPLE_RATE, 3)
         if segments_of(ours, duration) != segments_of(theirs, duration):
@@ -101,3 +91,28 @@ def test_base_beam5_matches_openai(base_bundle, ct2_base_dir):
     compared, differing = compare_with_openai(base_bundle, ct2_base_dir, english_only=False)
     print(f"base beam 5: {compared} clips, near-tie differences: {differing}")
     assert compared >= 8 and len(differing) <= 1, differing
+
+
+@pytest.mark.slow
+def test_tiny_en_int8_beam5_wer_within_0_3_points_of_float32(tiny_en_bundle, corpus_manifest):
+    """The default int8 build's beam-5 WER on the English clips against float32's (same clips, references)."""
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    references = {e["id"]: e["text"] for e in corpus_manifest}
+    int8 = whisperane.load_model(tiny_en_bundle, compute_type="int8")
+    float32 = None
+    refs, hyps = {"int8": [], "float32": []}, {"int8": [], "float32": []}
+    for cid, path in clips(english_only=True):
+        audio = load_audio(str(path))
+        text32 = FLOAT32_TEXTS.get((str(tiny_en_bundle), cid))
+        if text32 is None:  # run alone (-k): decode float32 here
+            float32 = float32 or whisperane.load_model(tiny_en_bundle, compute_type="float32")
+            text32 = float32.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False).text
+        for name, text in (("float32", text32), ("int8", int8.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False).text)):
+            refs[name].append(norm(references[cid]))
+            hyps[name].append(norm(text) or "<empty>")
+    wer = {name: jiwer.wer(refs[name], hyps[name]) for name in refs}
+    print(f"tiny.en beam 5 WER: int8 {100 * wer['int8']:.2f} %, float32 {100 * wer['float32']:.2f} %")
+    assert wer["int8"] <= wer["float32"] + 0.003
