@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 THREADS = 2
 # (seed, min seconds, max seconds, gap noise dBFS or None for digital silence)
-LONG_FILES = [(0, 60, 80, None), (1, 90, 120, -60.0), (2, 60, 90, -50.0)]
+LONG_FILES = [(0, 60, 80, None), (2, 60, 90, -50.0)]  # (1, 90, 120, -60.0) also matched: left out for CI time
 LONG_FILE_IDS = [long_audio_name(seed, noise) for seed, _, _, noise in LONG_FILES]
 BOUNDARY_TOLERANCE = 0.01  # seconds: "the same boundary" at the 0.01 s the JSON reports
 
