@@ -36,6 +36,9 @@ from whisperane.dims import ModelDimensions
 from whisperane.errors import ModelError
 
 MIN_PSNR = 35.0
+# float32 ONNX components against the torch modules they were exported from: measured >= 129.0 dB on every
+# component (the same arithmetic up to operation order), so a floor far above the design's 35 dB.
+ONNX_PSNR = 100.0
 
 torch.set_grad_enabled(False)
 # One thread: the one-token decoder loops are hundreds of tiny ops, and with two OpenMP threads on a busy
@@ -304,7 +307,7 @@ def test_decoder_matches_transformers(case):
 @pytest.mark.slow
 def test_onnx_mel_matches_torch(case):
     (mel,) = case.session("MelSpectrogram").run(None, {"audio": case.audio})
-    assert_psnr(case.mel, mel, f"{case.name} MelSpectrogram.onnx")
+    assert_psnr(case.mel, mel, f"{case.name} MelSpectrogram.onnx", floor=ONNX_PSNR)
 
 
 @pytest.mark.slow
@@ -316,7 +319,7 @@ def test_onnx_encoder_matches_torch(case):
         ("embeds", "key cache", "value cache"),
         strict=True,
     ):
-        assert_psnr(ref, x, f"{case.name} AudioEncoder.onnx {what}")
+        assert_psnr(ref, x, f"{case.name} AudioEncoder.onnx {what}", floor=ONNX_PSNR)
 
 
 @pytest.mark.slow
@@ -325,7 +328,7 @@ def test_onnx_decoder_matches_torch(case):
     trace = decode_teacher_forced(run, case.tokens, case.enc_k, case.enc_v, case.info.cache_length)
     ref = case.torch_trace
     for what in ("logits", "key_updates", "value_updates", "alignment_weights"):
-        assert_psnr(getattr(ref, what), getattr(trace, what), f"{case.name} TextDecoder.onnx {what}")
+        assert_psnr(getattr(ref, what), getattr(trace, what), f"{case.name} TextDecoder.onnx {what}", floor=ONNX_PSNR)
     assert (ref.logits.argmax(-1) == trace.logits.argmax(-1)).all()
 
 
@@ -337,7 +340,7 @@ def test_onnx_decoder_sequence_matches_torch(case):
     for r, x, what in zip(
         ref, out, ("logits", "key updates", "value updates", "alignment weights"), strict=True
     ):
-        assert_psnr(r, x, f"{case.name} TextDecoderSequence.onnx {what}")
+        assert_psnr(r, x, f"{case.name} TextDecoderSequence.onnx {what}", floor=ONNX_PSNR)
     # All tokens in one call equal the one-token path through the cache.
     assert_psnr(case.torch_trace.logits, ref[0][0], f"{case.name} TextDecoderSequence vs TextDecoder logits")
     assert_psnr(
