@@ -262,8 +262,11 @@ class ComponentClock:
         self.seconds = dict.fromkeys(self.METHODS, 0.0)
         self.calls = dict.fromkeys(self.METHODS, 0)
         self._depth = 0
-        for name in self.METHODS:
-            setattr(model, name, self._wrap(name, getattr(model, name)))
+        # the decoder adapter's step and multi-token forward, the model's mel and encoder
+        self._targets = {"log_mel": (model, "log_mel"), "encode": (model, "encode"),
+                         "step": (model.decoder, "step"), "forward_tokens": (model.decoder, "forward")}  # fmt: skip
+        for name, (owner, attr) in self._targets.items():
+            setattr(owner, attr, self._wrap(name, getattr(owner, attr)))
 
     def _wrap(self, name: str, fn):
         def timed(*args, **kwargs):
@@ -285,8 +288,8 @@ class ComponentClock:
         self.calls = dict.fromkeys(self.METHODS, 0)
 
     def remove(self) -> None:
-        for name in self.METHODS:
-            delattr(self.model, name)
+        for owner, attr in self._targets.values():
+            delattr(owner, attr)
 
 
 # --- output -------------------------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def test_bundle_without_int8_components(bundle):
         entry.pop("onnx-int8", None)
     (bundle / CONFIG_NAME).write_text(json.dumps(cfg))
     model = load_model(bundle)
-    assert model.compute_type == "float32" and model.decoder.name == "TextDecoder"
+    assert model.compute_type == "float32" and model.kind.decoder == "one-hot"
     with pytest.raises(ModelError) as info:
         load_model(bundle, compute_type="int8")
     _assert_names_file_and_fix(info.value, bundle, "no int8 onnx components")
