@@ -26,6 +26,7 @@ from .transcribe import (
     _needs_fallback,
     _result,
     _split_segments,
+    _trim_words_to_sound,
     alignment_sequence,
     teacher_forced,
 )
@@ -60,7 +61,7 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
             if tokenizer is None:
                 tokenizer, language_probs = _language(model, enc, options)
             results = _decode_batch(model, enc, options, tokenizer, language_probs)
-            segments.extend(_batch_segments(model, enc, batch, results, tokenizer, options))
+            segments.extend(_batch_segments(model, enc, batch, audio, results, tokenizer, options))
             if progress:
                 progress(batch[-1].end / SAMPLE_RATE, duration)
     tokenizer = tokenizer or model.tokenizer(options.language or "en", options.task)
@@ -90,7 +91,7 @@ def _decode_batch(model: WhisperaneModel, enc: EncodedWindow, options: Transcrib
     return results
 
 
-def _batch_segments(model: WhisperaneModel, enc: EncodedWindow, batch: list[SpeechChunk],
+def _batch_segments(model: WhisperaneModel, enc: EncodedWindow, batch: list[SpeechChunk], audio: list[np.ndarray],
                     results: list[DecodingResult | None], tokenizer: Tokenizer, options: TranscribeOptions) -> list[dict]:  # fmt: skip
     """The chunks' segments and words (one teacher-forced call for all chunks), on the original timeline."""
     window, rows = enc, [i for i, r in enumerate(results) if r is not None]
@@ -108,6 +109,7 @@ def _batch_segments(model: WhisperaneModel, enc: EncodedWindow, batch: list[Spee
         frames = batch[i].n_samples // HOP_LENGTH
         if options.word_timestamps:
             _add_words(model, window.row(i), results[i], split[i], tokenizer, options, 0.0, frames, 0.0, forced.get(i))
+            _trim_words_to_sound(split[i], audio[i], 0.0)  # as the sequential loop refines them
         segments.extend(_on_original_timeline(split[i], batch[i]))
     return segments
 
