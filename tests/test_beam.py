@@ -21,12 +21,13 @@ from whisperane.audio import SAMPLE_RATE, load_audio
 
 TIE_MARGIN = 0.01
 BEAM = 5
-def clips(english_only: bool) -> list[tuple[str, Path]]:
+def clips(english_only: bool, other_languages_only: bool = False) -> list[tuple[str, Path]]:
     """(id, path) of the corpus clips (tests/data's without the corpus) of one window: the two readings of
     53 and 68 s would double the module's time (openai's beam search in torch is the slow side), and the
     long-form loop around the beams is compared in test_longform.py."""
     return [(e["id"], CORPUS_DIR / e["audio"]) for e in corpus_entries()
-            if (e["language"] == "en" or not english_only) and e.get("duration_s", 0) <= 30]  # fmt: skip
+            if (e["language"] == "en" or not english_only) and (e["language"] != "en" or not other_languages_only)
+            and e.get("duration_s", 0) <= 30]  # fmt: skip
 
 
 def openai_with_margins(model, audio: np.ndarray) -> tuple[dict, list[float]]:
@@ -62,13 +63,13 @@ def segments_of(result, duration: float) -> list[tuple[float, float, str]]:
 FLOAT32_TEXTS: dict[tuple[str, str], str] = {}  # (bundle, clip id) -> float32 beam-5 text, for the int8 test
 
 
-def compare_with_openai(bundle: Path, ct2_dir: Path, english_only: bool) -> tuple[int, list[str]]:
+def compare_with_openai(bundle: Path, ct2_dir: Path, english_only: bool, other_languages_only: bool = False) -> tuple[int, list[str]]:
     """Clips compared, and the ids of those that differ from openai (asserted to be near-ties)."""
     ours_model = whisperane.load_model(bundle, compute_type="float32")
     theirs_model = load_openai_model(ct2_dir)
     differing = []
     compared = 0
-    for cid, path in clips(english_only):
+    for cid, path in clips(english_only, other_languages_only):
         audio = load_audio(str(path))
         theirs, margins = openai_with_margins(theirs_model, audio)
         ours = ours_model.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False,
@@ -91,9 +92,11 @@ def test_tiny_en_beam5_matches_openai(tiny_en_bundle, ct2_tiny_en_dir):
 
 @pytest.mark.slow
 def test_base_beam5_matches_openai(base_bundle, ct2_base_dir):
-    compared, differing = compare_with_openai(base_bundle, ct2_base_dir, english_only=False)
+    """The other languages (tiny.en covers English; base's beam search in torch on every clip would cost CI
+    about 9 minutes here)."""
+    compared, differing = compare_with_openai(base_bundle, ct2_base_dir, english_only=False, other_languages_only=True)
     print(f"base beam 5: {compared} clips, near-tie differences: {differing}")
-    assert compared >= 8 and len(differing) <= 1, differing
+    assert compared >= 2 and len(differing) <= 1, differing
 
 
 @pytest.mark.slow
