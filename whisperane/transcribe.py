@@ -112,8 +112,8 @@ def transcribe(
     speech = _speech_frames(audio, options) if options.speech_guard else None
     peak = None
     if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
-        with open_audio(audio) as first_pass:
-            peak = model.mel_peak(first_pass)
+        with open_audio(audio) as first_pass:  # one window (<= 30 s): its own peak is the file's
+            peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
         return Transcription(model, stream, options, progress, speech, peak).run()
