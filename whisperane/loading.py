@@ -78,8 +78,9 @@ def choose_kind(info: BundleInfo, executor: str, compute_type: str) -> BundleKin
     for role, (name, variant) in wanted.items():
         rel = info.component(name, variant)
         if rel is None and role not in ("sequence", "beam"):  # optional: single steps; one row at a time
-            raise ModelError(f"{info.path}: the bundle has no {variant} {name}; rebuild it with: "
-                             f"{rebuild_command(info.config, info.path)}")  # fmt: skip
+            what = "the int8 decoder needs a token table the config does not list" if role == "table" else \
+                f"the bundle has no {variant} {name}"
+            raise ModelError(f"{info.path}: {what}; rebuild it with: {rebuild_command(info.config, info.path)}")
         if rel is not None:
             files[role] = rel
     decoder = "appending" if int8 else "stateful" if stateful else "one-hot"
