@@ -180,7 +180,8 @@ def test_hub_names_fail_fast_offline(name, tmp_path, monkeypatch):
         resolve_source(name, cache_dir=tmp_path)
     assert time.monotonic() - started < 10
     message = str(err.value)
-    assert f"model '{name}' is not available offline" in message and "pass a local checkpoint path" in message
+    assert f"model '{name}' is not in the Hugging Face cache and the hub is unreachable" in message
+    assert "pass a local checkpoint" in message
     assert "\n" not in message
 
 
