@@ -20,14 +20,16 @@ import whisperane
 from whisperane.audio import SAMPLE_RATE, load_audio
 
 TIE_MARGIN = 0.01
+# Clips of up to this many seconds (14 of the 18 English clips; all 17 one-window clips measured identical to
+# openai's on 2026-12-01): openai's beam search in torch is the slow side of the suite's time.
+MAX_CLIP_S = 10.5
 BEAM = 5
 def clips(english_only: bool, other_languages_only: bool = False) -> list[tuple[str, Path]]:
-    """(id, path) of the corpus clips (tests/data's without the corpus) of one window: the two readings of
-    53 and 68 s would double the module's time (openai's beam search in torch is the slow side), and the
-    long-form loop around the beams is compared in test_longform.py."""
+    """(id, path) of the corpus clips (tests/data's without the corpus) up to MAX_CLIP_S: the two readings of
+    53 and 68 s would double the module's time (openai's beam search in torch is the slow side)."""
     return [(e["id"], CORPUS_DIR / e["audio"]) for e in corpus_entries()
             if (e["language"] == "en" or not english_only) and (e["language"] != "en" or not other_languages_only)
-            and e.get("duration_s", 0) <= 30]  # fmt: skip
+            and e.get("duration_s", 0) <= MAX_CLIP_S]  # fmt: skip
 
 
 def openai_with_margins(model, audio: np.ndarray) -> tuple[dict, list[float]]:
