@@ -180,6 +180,69 @@ def teacher_forced_tokens(bundle: Path, clip: Clip) -> list[int]:
     return [*tok.sot_sequence_including_notimestamps, *tok.encode(" " + clip.text.strip()), tok.eot]
 
 
+# --- the corpus transcribed once per session (test_transcribe.py, test_timing.py) ------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_model(tiny_en_bundle):
+    """tiny.en with the int8 decoders (the CPU default), two threads."""
+    from whisperane.loading import load_model
+
+    return load_model(tiny_en_bundle, threads=2, compute_type="int8")
+
+
+@pytest.fixture(scope="session")
+def base_int8_model(base_bundle):
+    """base with the int8 decoders (the CPU default), two threads."""
+    from whisperane.loading import load_model
+
+    return load_model(base_bundle, threads=2, compute_type="int8")
+
+
+@dataclass(frozen=True)
+class CorpusTranscript:
+    """One corpus clip transcribed with the default options, and the arguments (args, kwargs) of every
+    ``whisperane.timing.find_alignment`` call the transcription made (one per window with text)."""
+
+    entry: dict  # the manifest entry: id, audio, text, language
+    duration: float  # seconds of audio
+    result: object  # whisperane.transcribe.TranscriptionResult
+    alignment_calls: list[tuple[tuple, dict]]
+
+
+def _transcribe_recording_alignments(audio: np.ndarray, model) -> tuple[object, list[tuple[tuple, dict]]]:
+    import whisperane.timing
+    from whisperane.transcribe import transcribe
+
+    calls: list[tuple[tuple, dict]] = []
+    find_alignment = whisperane.timing.find_alignment
+
+    def recording(*args, **kwargs):
+        calls.append((args, kwargs))
+        return find_alignment(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(whisperane.timing, "find_alignment", recording)
+        result = transcribe(audio, model)
+    return result, calls
+
+
+@pytest.fixture(scope="session")
+def corpus_transcripts(tiny_int8_model, base_int8_model) -> list[CorpusTranscript]:
+    """Every corpus clip (tests/data's without the corpus) through the default int8 decoders, English with
+    tiny.en, the others with base. Shared because transcribing the corpus is what test_transcribe's
+    well-formed-words test and test_timing's DTW test both cost (~95 s each on the loaded 2-core machine)."""
+    from whisperane.audio import SAMPLE_RATE, load_audio
+
+    transcripts = []
+    for entry in corpus_entries():
+        audio = load_audio(CORPUS_DIR / entry["audio"])
+        model = tiny_int8_model if entry["language"] == "en" else base_int8_model
+        result, calls = _transcribe_recording_alignments(audio, model)
+        transcripts.append(CorpusTranscript(entry, len(audio) / SAMPLE_RATE, result, calls))
+    return transcripts
+
+
 # --- the CLI in this process, with one shared tiny.en model (test_cli.py, test_bad_inputs.py) ---------------
 
 

@@ -7,14 +7,11 @@ on raw attention logits, and faster-whisper's own add_word_timestamps / merge_pu
 
 from __future__ import annotations
 
-import json
 import string
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CORPUS_DIR, DATA_DIR
 from dtw_reference import openai_dtw
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -212,39 +209,6 @@ def _cpu_seconds(fn, *args):
 
 # --------------------------------------------------------------------------- DTW on real alignment matrices
 
-# tests/data's clips that are not English (tests/data/README.md); every other clip there is English.
-DATA_LANGUAGES = {"test_es.wav": "es", "test_de.wav": "de"}
-
-
-def speech_clips() -> list[tuple[str, Path, str]]:
-    """(id, audio path, language) of every corpus clip, or of the clips in tests/data without the corpus."""
-    manifest = CORPUS_DIR / "manifest.jsonl"
-    if manifest.is_file():
-        entries = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line]
-        return [(e["id"], CORPUS_DIR / e["audio"], e["language"]) for e in entries]
-    paths = sorted(p for p in DATA_DIR.iterdir() if p.suffix in {".flac", ".wav"})
-    return [(p.stem, p, DATA_LANGUAGES.get(p.name, "en")) for p in paths]
-
-
-def _alignment_inputs(monkeypatch, model) -> list[tuple[str, tuple, dict]]:
-    """Transcribe every clip and record the arguments of each find_alignment call: the alignment heads'
-    weights of the teacher-forced pass over each window's text, as the runtime computes them."""
-    calls: list[tuple[str, tuple, dict]] = []
-    current_clip = [""]
-    find_alignment_in_use = whisperane.timing.find_alignment
-
-    def recording(*args, **kwargs):
-        calls.append((current_clip[0], args, kwargs))
-        return find_alignment_in_use(*args, **kwargs)
-
-    monkeypatch.setattr(whisperane.timing, "find_alignment", recording)
-    for clip_id, path, _ in speech_clips():
-        current_clip[0] = clip_id
-        # one temperature: the fallback's retries would only add more windows of the same kind
-        whisperane.transcribe(str(path), model=model, temperature=0.0)
-    monkeypatch.undo()
-    return calls
-
 
 def _largest_shift(ours: list[WordTiming], theirs: list[WordTiming]) -> float:
     return max(
@@ -258,22 +222,21 @@ def _largest_shift(ours: list[WordTiming], theirs: list[WordTiming]) -> float:
 
 
 @pytest.mark.slow
-def test_dtw_python_gives_openai_word_times_on_every_clip(monkeypatch, tiny_en_bundle):
+def test_dtw_python_gives_openai_word_times_on_every_clip(monkeypatch, corpus_transcripts):
     """dtw-python (run time) against openai's exact tie rule (tests/dtw_reference.py) on the alignment
-    matrix of every window of every corpus clip (tiny.en; the non-English clips too, which it
-    transcribes as English or as noise: their matrices are still real attention): identical word times.
+    matrix of every window of every corpus clip, as the default transcription computes it (int8 decoders,
+    English with tiny.en, the other languages with base; conftest's session fixture, shared with
+    test_transcribe): identical word times.
 
-    Measured on the 27 corpus clips (32 windows, matrices from 4 x 89 to 123 x 1500): no clip where a
-    tie changes a word time, and not even a DTW path that differs. The cost is one transcription of the
-    corpus at one temperature (7.5 min on the shared 2-core machine at load 13; one encoder pass per
-    window and a short decode: far less on an idle one); the comparison itself takes < 1 s."""
-    model = whisperane.load_model(tiny_en_bundle, threads=2)
-    calls = _alignment_inputs(monkeypatch, model)
-    clips = {clip_id for clip_id, _, _ in speech_clips()}
+    Measured on the 27 corpus clips (31 windows, matrices from 6 x 89 to 96 x 1500): no clip where a tie
+    changes a word time, and not even a DTW path that differs. The cost is the shared transcription of the
+    corpus; the comparison itself took 14 s at load 12 on the 2-core machine."""
+    calls = [(t.entry["id"], args, kwargs) for t in corpus_transcripts for args, kwargs in t.alignment_calls]
+    clips = {t.entry["id"] for t in corpus_transcripts}
     assert {clip_id for clip_id, _, _ in calls} == clips  # every clip gave words, so was compared
 
     differing_words: dict[str, float] = {}  # clip -> largest difference of a word's start or end (s)
-    differing_paths = 0
+    differing_paths, shapes = 0, []
     for clip_id, args, kwargs in calls:
         ours = find_alignment(*args, **kwargs)
         monkeypatch.setattr(whisperane.timing, "dtw", openai_dtw)
@@ -285,10 +248,12 @@ def test_dtw_python_gives_openai_word_times_on_every_clip(monkeypatch, tiny_en_b
         weights, text_tokens, _, num_frames = args[:4]
         first_row = kwargs.get("first_row", 0)
         cost = -alignment_matrix(weights, len(text_tokens) + 1, num_frames, first_row=first_row)
+        shapes.append(cost.shape)
         paths = zip(dtw(cost), openai_dtw(cost), strict=True)
         differing_paths += not all(np.array_equal(a, b) for a, b in paths)
     print(
-        f"{len(calls)} windows of {len(clips)} clips: {differing_paths} DTW paths differ, "
+        f"{len(calls)} windows of {len(clips)} clips (matrices {min(shapes)} to {max(shapes)}): "
+        f"{differing_paths} DTW paths differ, "
         f"word times differ in {differing_words or 'no clip'}"
     )
     assert differing_words == {}

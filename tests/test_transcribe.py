@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CORPUS_DIR, DATA_CLIPS, corpus_entries
+from conftest import DATA_CLIPS, corpus_entries
 
 from whisperane.audio import SAMPLE_RATE, load_audio
 from whisperane.transcribe import transcribe
@@ -40,19 +40,15 @@ def base(base_bundle):
 
 
 @pytest.fixture(scope="module")
-def tiny_int8(tiny_en_bundle):
-    from whisperane.loading import load_model
-
-    m = load_model(tiny_en_bundle, threads=2, compute_type="int8")
+def tiny_int8(tiny_int8_model):
+    m = tiny_int8_model
     assert m.kind.decoder == "appending" and "sequence" not in m.kind.files  # one int8 session for both uses
     return m
 
 
 @pytest.fixture(scope="module")
-def base_int8(base_bundle):
-    from whisperane.loading import load_model
-
-    return load_model(base_bundle, threads=2, compute_type="int8")
+def base_int8(base_int8_model):
+    return base_int8_model
 
 
 _FASTER_WHISPER: dict = {}
@@ -291,16 +287,17 @@ def test_decode_time_alignment_close_to_teacher_forced(tiny):
     assert np.median(d) <= 0.1
 
 
-def test_words_well_formed_on_every_corpus_clip(tiny_int8, base_int8):
+def test_words_well_formed_on_every_corpus_clip(tiny_int8, corpus_transcripts):
     """Every corpus clip with the default (int8) decoders, English with tiny.en, the others with base: words
     monotonic, inside their segment and inside the audio; no repetition loop; the language of every non-English
-    clip detected as the manifest says (the clips in tests/data without the corpus)."""
+    clip detected as the manifest says (the clips in tests/data without the corpus). The transcripts come from
+    conftest's session fixture, which test_timing's DTW test shares."""
+    assert [t.entry["id"] for t in corpus_transcripts] == [e["id"] for e in corpus_entries()]
     wrong_language = []
-    for entry in corpus_entries():
-        audio = load_audio(CORPUS_DIR / entry["audio"])
-        model = tiny_int8 if entry["language"] == "en" else base_int8
-        result = transcribe(audio, model)
-        _check_words_well_formed(result, len(audio) / SAMPLE_RATE)
+    for transcript in corpus_transcripts:
+        entry, result = transcript.entry, transcript.result
+        assert transcript.duration == pytest.approx(result.duration, abs=0.01), entry["id"]
+        _check_words_well_formed(result, transcript.duration)
         assert result.segments and any(s.words for s in result.segments), entry["id"]
         # no repetition loop survives (the sonnet's 0.3 s tail once decoded as "Thou art thou art ..." with a
         # high no-speech probability, which an older openai rule exempted from the fallback)
