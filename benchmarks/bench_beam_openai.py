@@ -27,7 +27,7 @@ sys.path[:0] = [str(HERE), str(REPO / "tests")]
 from bench import emit, loadavg, progress, table  # noqa: E402
 from test_beam import TIE_MARGIN, BeamComparison, CorpusClip, compare_with_openai, one_window_clips  # noqa: E402
 
-COLUMNS = ("clip", "language", "audio s", "identical", "first difference (#segment ours | openai)",
+COLUMNS = ("clip", "language", "audio s", "identical", "first difference (#segment: ours \\| openai)",
            "openai margin", "whisperane s", "openai s")  # fmt: skip
 
 
@@ -45,7 +45,7 @@ def report(model: str, comparisons: list[BeamComparison]) -> list[str]:
     differing = [c for c in comparisons if not c.identical]
     near_ties = [c.clip.id for c in differing if c.margin < TIE_MARGIN]
     ours, theirs = sum(c.ours_s for c in comparisons), sum(c.theirs_s for c in comparisons)
-    return [f"\n## {model}\n", f"_load average at start: {loadavg()}_\n", table(COLUMNS, rows), "",
+    return [f"\n## {model}\n", f"_load average at the end of the section: {loadavg()}_\n", table(COLUMNS, rows), "",
             f"{model}: {len(comparisons)} clips, {len(comparisons) - len(differing)} identical; differing: "
             f"{[c.clip.id for c in differing]}, of which near-ties (margin < {TIE_MARGIN}): {near_ties}; "
             f"wall s whisperane {ours:.1f}, openai {theirs:.1f}"]  # fmt: skip
