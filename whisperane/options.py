@@ -61,9 +61,9 @@ class TranscribeOptions:
         "transcribe only the speech Silero VAD finds (timestamps stay on the original audio)"))  # fmt: skip
     vad_parameters: dict | None = field(default=None, metadata=_help(
         "VadOptions fields (threshold, min_silence_duration_ms, speech_pad_ms, ...)", cli=False))  # fmt: skip
-    speech_guard: bool = field(default=False, metadata=_help(
-        "a window whose decoding stops on a timestamp while VAD hears speech after it is decoded again from "
-        "that timestamp (once); on with vad_filter"))  # fmt: skip
+    speech_guard: bool = field(default=True, metadata=_help(
+        "a window that leaves 1.5 s of voice without words (a decoding that stopped early or jumped over "
+        "speech) is decoded again from there, once; Silero VAD checks only such stretches"))  # fmt: skip
     batch_size: int | None = field(default=None, metadata=_help(
         "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))  # fmt: skip
     prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))

@@ -5,7 +5,9 @@ Audio is read through a bounded stream (``audio.open_audio``), so memory does no
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -109,33 +111,86 @@ def transcribe(
         return transcribe_chunked(model, lambda: open_audio(audio), options, progress)
     if options.vad_filter:
         return _transcribe_speech(model, audio, options, progress)
-    speech = _speech_frames(audio, options) if options.speech_guard else None
+    voice = VoiceOnDemand() if options.speech_guard else None
     peak = None
     if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
         with open_audio(audio) as first_pass:  # one window (<= 30 s): its own peak is the file's
             peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return Transcription(model, stream, options, progress, speech, peak).run()
+        return Transcription(model, stream, options, progress, voice, peak).run()
     finally:
         if stream is not audio:
             stream.close()
 
 
-def _speech_frames(audio, options: TranscribeOptions) -> list[tuple[int, int]]:
-    """Silero VAD's speech regions of the whole audio, in mel frames (for the seek guard)."""
-    from .chunked import vad_options
-    from .vad import get_speech_timestamps
+def _heard_frames(segments: list[dict], window_seek: int) -> list[tuple[int, int]]:
+    """The frames (from the window's start) that words cover; a segment's own span without word timestamps."""
+    spans = []
+    for s in segments:
+        if s["text"].strip():
+            for x in s["words"] if s.get("words") else [s]:
+                start, end = (round(x[k] * FRAMES_PER_SECOND) - window_seek for k in ("start", "end"))
+                spans.append((start, end))
+    return spans
 
-    if isinstance(audio, AudioStream):
-        raise OptionsError("speech_guard reads the audio twice (VAD, then the windows): pass a path or an array")
-    regions = get_speech_timestamps(audio, vad_options(options, batched=False))
-    return [(r.start // HOP_LENGTH, -(-r.end // HOP_LENGTH)) for r in regions]
+
+class VoiceCheck:
+    """How many frames of a stretch of a window Silero VAD hears as voice (vad.VOICED), for the seek guard."""
+
+    def voiced_frames(self, w: Window, start: int, end: int) -> int:
+        """Voiced mel frames in ``[start, end)`` of window ``w`` (frames from the window's start)."""
+        raise NotImplementedError
+
+
+class VoiceOnDemand(VoiceCheck):
+    """The VAD run on the stretch itself, only when the guard asks (a stretch of GUARD_MIN_SPEECH_FRAMES or more
+    without words): most windows of speech have none (602 s tiny.en file: 14 stretches, 0.2 of 120 CPU s).
+
+    Without the VAD model (not cached, and PyPI out of reach) the guard is off, with one warning."""
+
+    def __init__(self):
+        self.unavailable = False
+
+    def voiced_frames(self, w, start, end):
+        from .vad import VOICED, default_vad, speech_regions
+
+        if self.unavailable:
+            return 0
+        try:
+            vad = default_vad()
+        except WhisperaneError as e:
+            self.unavailable = True
+            warnings.warn(f"speech guard off: {e}", stacklevel=2)
+            return 0
+        probabilities, n_samples = vad.speech_probabilities(w.samples[start * HOP_LENGTH : end * HOP_LENGTH])
+        return sum(-(-r.n_samples // HOP_LENGTH) for r in speech_regions(probabilities, n_samples, VOICED))
+
+
+class VoiceRegions(VoiceCheck):
+    """Voiced regions known beforehand (vad_filter's VAD pass), in mel frames of the stream."""
+
+    def __init__(self, frames: list[tuple[int, int]]):
+        self.frames = frames
+
+    def voiced_frames(self, w, start, end):
+        start, end = w.seek + start, w.seek + end
+        return sum(max(min(end, b) - max(start, a), 0) for a, b in self.frames)
+
+    @classmethod
+    def of_speech(cls, stream) -> VoiceRegions:
+        """A SpeechStream's voiced regions on its speech-only timeline."""
+        frames = []
+        for r in stream.voiced:
+            start, end = (stream.time_map.speech_time(t / SAMPLE_RATE) * FRAMES_PER_SECOND for t in (r.start, r.end))
+            if end > start:
+                frames.append((int(start), math.ceil(end)))
+        return cls(frames)
 
 
 def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress) -> TranscriptionResult:
-    """vad_filter: the seek loop over the speech alone (with the seek guard: it is all speech), its times put
-    back on the original audio."""
+    """vad_filter: the seek loop over the speech alone (with the seek guard), its times put back on the
+    original audio."""
     from .chunked import vad_options
     from .vad import restore_timestamps, speech_stream
 
@@ -144,7 +199,8 @@ def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions
         if stream.n_samples == 0:  # no speech: an empty transcript
             tokenizer = model.tokenizer(options.language or "en", options.task)
             return _result([], tokenizer, duration, None, options.word_timestamps)
-        loop = Transcription(model, stream, options, progress, [(0, stream.n_samples // HOP_LENGTH + 1)])
+        voice = VoiceRegions.of_speech(stream) if options.speech_guard else None
+        loop = Transcription(model, stream, options, progress, voice)
         loop.run_windows()
         restore_timestamps(loop.all_segments, stream.time_map)
         return _result(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)
@@ -156,7 +212,10 @@ def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) ->
     if not model.is_multilingual and options.language not in (None, "en"):
         raise OptionsError(f"English-only models transcribe English only, not {options.language!r}")
 
-GUARD_MIN_SPEECH_FRAMES = 50  # 0.5 s of VAD speech after a window's last timestamp: worth decoding again
+# 1.5 s of voiced frames (vad.VOICED) between two words, or before the first or after the last: speech the
+# decoding skipped. Between the words of a good transcript there are at most 0.74 s (tiny.en, 602 s file: DTW
+# word edges and pauses the VAD still calls voice); the skips seen there held 9.5 s and 13.4 s.
+GUARD_MIN_SPEECH_FRAMES = 150
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
@@ -281,7 +340,7 @@ class Transcription:
     of the loop (seek, the previous text for the prompt, the segments so far) belongs to this call."""
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
-                 progress: Callable[[float, float], None] | None, speech: list[tuple[int, int]] | None = None,
+                 progress: Callable[[float, float], None] | None, voice: VoiceCheck | None = None,
                  file_peak: float | None = None):  # fmt: skip
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
@@ -298,7 +357,7 @@ class Transcription:
         self.window_index = 0
         self.language_probs: dict[str, float] | None = None
         self.first_window: Window | None = None  # encoded for language detection, reused by the loop
-        self.speech = speech  # VAD's speech regions in mel frames, for the seek guard (None: no guard)
+        self.voice = voice  # what the seek guard asks whether a stretch holds voice (None: no guard)
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
         self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
 
@@ -378,10 +437,6 @@ class Transcription:
                 if skipped:
                     self.seek = seek
                     return
-            last_word_end = timing.get_end(segments)
-            if last_word_end is not None:
-                self.last_speech_timestamp = last_word_end
-            _trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
         resume = self._resume_point(w, segments, seek)
         if resume is not None:  # decoded again from there, without the prompt that may have led it astray
             segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume + 1]
@@ -389,29 +444,32 @@ class Transcription:
         self._commit(w, result, segments, seek if resume is None else resume)
 
     def _resume_point(self, w: Window, segments: list[dict], seek: int) -> int | None:
-        """The seek guard: the first stretch of VAD speech (GUARD_MIN_SPEECH_FRAMES or more) between the window's
-        start and the next seek that no word (no segment with text, without word timestamps) covers: openai's
-        rule would skip it (a decoding that stopped early on a timestamp, or jumped over speech). At most once
-        per window: not for a window the guard started."""
-        if self.speech is None or w.seek in self.resumed or seek <= w.seek:
+        """The seek guard: where to decode again (without the prompt) when GUARD_MIN_SPEECH_FRAMES of voiced
+        audio between the window's start and the next seek produced no word (openai's rule would skip it: a
+        decoding that stopped early on a timestamp, or jumped over speech): the end of the last segment before
+        that gap, or the window's start. At most once per window: not for a window the guard started."""
+        if self.voice is None or w.seek in self.resumed or seek <= w.seek:
             return None
-        unheard = np.zeros(seek - w.seek, dtype=bool)
-        for start, end in self.speech:
-            unheard[max(start - w.seek, 0) : max(end - w.seek, 0)] = True
-        for s in segments:
-            spans = [(x["start"], x["end"]) for x in s["words"]] if s.get("words") else [(s["start"], s["end"])]
-            for start, end in spans if s["text"].strip() else []:
-                unheard[max(round(start * FRAMES_PER_SECOND) - w.seek, 0) : max(round(end * FRAMES_PER_SECOND) - w.seek, 0)] = False
-        runs = np.flatnonzero(np.diff(np.concatenate(([0], unheard.astype(np.int8), [0]))))  # run starts, ends
-        for start, end in zip(runs[::2], runs[1::2], strict=True):
-            if end - start >= GUARD_MIN_SPEECH_FRAMES:
-                return w.seek + int(start)
+        previous_end = 0
+        for start, end in [*sorted(_heard_frames(segments, w.seek)), (seek - w.seek, seek - w.seek)]:
+            gap_end = min(max(start, previous_end), seek - w.seek)
+            if gap_end - previous_end >= GUARD_MIN_SPEECH_FRAMES and (
+                self.voice.voiced_frames(w, previous_end, gap_end) >= GUARD_MIN_SPEECH_FRAMES
+            ):
+                gap = w.seek + previous_end
+                ends = [round(s["end"] * FRAMES_PER_SECOND) for s in segments]
+                return max([w.seek, *(e for e in ends if e <= gap)])
+            previous_end = max(previous_end, end)
         return None
 
     def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int) -> None:
         """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on (a seek
         guard's resume may decode the same window again, once, without the prompt)."""
         duration = self.stream.n_samples / SAMPLE_RATE
+        last_word_end = timing.get_end(segments) if self.options.word_timestamps else None
+        if last_word_end is not None:  # of the kept segments: a resumed window is aligned again after them
+            self.last_speech_timestamp = last_word_end
+            _trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
         for s in segments:
             s["end"] = min(s["end"], duration)
             s["start"] = min(s["start"], s["end"])

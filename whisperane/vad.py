@@ -350,6 +350,11 @@ def get_speech_timestamps(
     return speech_regions(probabilities, n_samples, options)
 
 
+# Where the VAD hears voice itself, for a check that speech produced words (the seek guard): no padding, and a
+# pause of 100 ms ends a region (the defaults' 2 s pauses and 400 ms pads count a sentence break as speech).
+VOICED = VadOptions(min_silence_duration_ms=100, speech_pad_ms=0)
+
+
 @lru_cache(maxsize=1)
 def default_vad() -> SileroVad:
     """The process-wide :class:`SileroVad` on the cached sequence model."""
@@ -612,6 +617,7 @@ class SpeechStream:
         self._buf = np.zeros(0, dtype=np.float32)
         self._buf_start = 0  # speech-only index of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
+        self.voiced: list[SpeechRegion] = []  # voiced regions of the original audio (speech_stream sets them)
 
     @property
     def n_samples(self) -> int:
@@ -702,6 +708,7 @@ def speech_stream(
     try:
         probabilities, n_samples = (vad or default_vad()).speech_probabilities(first)
         regions = speech_regions(probabilities, n_samples, options)
+        voiced = speech_regions(probabilities, n_samples, VOICED)
         # A stream in memory (the whole signal, nothing ever released) is read again as it is.
         reader = first if first._in_memory else open_audio(first.name, sample_rate=first.sample_rate)
     except BaseException:
@@ -710,7 +717,9 @@ def speech_stream(
         raise
     if reader is not first and first is not source:
         first.close()
-    return SpeechStream(reader, regions, n_samples)
+    stream = SpeechStream(reader, regions, n_samples)
+    stream.voiced = [r for r in voiced if any(r.start < k.end and k.start < r.end for k in regions)]
+    return stream
 
 
 # Restored times are rounded to 1 ms: finer than the 20 ms of Whisper's timestamps, and rounding never

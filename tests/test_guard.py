@@ -1,0 +1,69 @@
+"""The seek guard's rule (transcribe.Transcription._resume_point): where a window is decoded again when voice
+produced no words, and when it is not. The voiced regions are given (VoiceRegions), so the rule is checked
+apart from Silero; tests/test_batched.py checks the guard end to end on real speech (WER of a gapped file)."""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES
+
+transcribe_module = importlib.import_module("whisperane.transcribe")
+GUARD = transcribe_module.GUARD_MIN_SPEECH_FRAMES
+
+
+def _segment(start: float, end: float, words: list[tuple[float, float]] | None = None, text: str = " text") -> dict:
+    return {"start": start, "end": end, "text": text,
+            "words": [{"word": " w", "start": a, "end": b} for a, b in words or [(start, end)]]}  # fmt: skip
+
+
+def _window(seek: int) -> transcribe_module.Window:
+    return transcribe_module.Window(seek, N_FRAMES, None, np.zeros(N_FRAMES * HOP_LENGTH, np.float32))
+
+
+def _resume(segments, seek, voiced_seconds, window_seek=0, resumed=()):
+    frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
+    loop = SimpleNamespace(voice=transcribe_module.VoiceRegions(frames), resumed=set(resumed))
+    return transcribe_module.Transcription._resume_point(loop, _window(window_seek), segments, seek)
+
+
+def test_voice_after_an_early_stop_resumes_after_the_last_segment():
+    """Words to 8 s, the decoding stopped on a timestamp (seek at the window's end), voice from 9 to 20 s."""
+    segments = [_segment(0.5, 4.0), _segment(4.5, 8.0)]
+    assert _resume(segments, N_FRAMES, [(0.4, 8.1), (9.0, 20.0)]) == 800
+
+
+def test_voice_skipped_before_the_first_word_decodes_the_window_again():
+    """The decoding jumped over 12 s of voice at the window's start: the whole window again (no segment before)."""
+    segments = [_segment(12.5, 20.0)]
+    assert _resume(segments, 2000, [(0.2, 20.0)]) == 0
+
+
+def test_a_skip_inside_a_segment_resumes_at_that_segment_start_side():
+    """Voice between two words of one segment (3 s without words): the segment is decoded again, so the
+    resume is the end of the segment before it, and none of its words are lost."""
+    segments = [_segment(0.0, 2.0), _segment(2.5, 12.0, [(2.5, 4.0), (8.0, 12.0)])]
+    assert _resume(segments, 1200, [(0.0, 12.0)]) == 200
+
+
+@pytest.mark.parametrize("voiced", [[(0.0, 4.0), (6.0, 8.0)], [(0.0, 4.0), (4.2, 4.2 + GUARD / FRAMES_PER_SECOND - 0.1)]])
+def test_pauses_and_short_voice_leave_the_seek_alone(voiced):
+    """Silence between words, or less than GUARD_MIN_SPEECH_FRAMES of voice without words: openai's rule."""
+    segments = [_segment(0.0, 4.0), _segment(6.0, 8.0)]
+    assert _resume(segments, 800, voiced) is None
+
+
+def test_once_per_window_and_not_without_a_voice_check():
+    segments = [_segment(0.5, 4.0)]
+    assert _resume(segments, N_FRAMES, [(9.0, 20.0)], window_seek=0, resumed={0}) is None
+    loop = SimpleNamespace(voice=None, resumed=set())
+    assert transcribe_module.Transcription._resume_point(loop, _window(0), segments, N_FRAMES) is None
+
+
+def test_a_segment_without_word_timestamps_covers_its_span():
+    segments = [{"start": 0.0, "end": 20.0, "text": " text", "words": []}]
+    assert _resume(segments, 2000, [(0.0, 20.0)]) is None
