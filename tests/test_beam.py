@@ -10,7 +10,11 @@ pick the other one): such clips are named, at most one per model.
 CI compares the shortest one-window clips only (``CI_ENGLISH_CLIPS`` English ones on tiny.en,
 ``CI_OTHER_CLIPS`` other-language ones on base): openai's beam search in torch is the slow side. The full corpus
 (every one-window clip: tiny.en on the English ones, base on the other languages) is
-benchmarks/bench_beam_openai.py, which imports this module's comparison (results in benchmarks/results/).
+benchmarks/bench_beam_openai.py, which imports this module's comparison. Its run of 2026-12-01
+(benchmarks/results/2026-12-01-beam-openai.md, a loaded 2-core machine) found all 25 one-window clips identical:
+tiny.en 17/17 English, base 8/8 (ko, zh, pt, de, ja, it, fr, es); openai's two best final hypotheses were within
+``TIE_MARGIN`` on 14 of them (smallest gap 0.0006) and no near-tie difference was needed; openai's side took ~3x
+whisperane's wall time (tiny.en 1132 s / 352 s, base 640 s / 210 s at load average 8-14).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ TIE_MARGIN = 0.01
 BEAM = 5
 WINDOW_S = 30.0  # clips up to one window: the long-form seek is tested elsewhere, and costs minutes here
 CI_ENGLISH_CLIPS = 5
-CI_OTHER_CLIPS = 3
+CI_OTHER_CLIPS = 2
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ def test_base_beam5_matches_openai(base_bundle, ct2_base_dir):
     comparisons = compare_with_openai(base_bundle, ct2_base_dir, clips)
     differing = differing_near_ties(comparisons)
     print(f"base beam 5: {[c.clip.id for c in comparisons]}, near-tie differences: {differing}")
-    assert len(comparisons) >= 2 and len(differing) <= 1, differing
+    assert len(comparisons) == CI_OTHER_CLIPS and len(differing) <= 1, differing
 
 
 @pytest.mark.slow
