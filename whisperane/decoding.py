@@ -371,8 +371,10 @@ def _beam_search(model, state, enc, first_logits, first_align, plan: WindowPlan,
     for i in range(plan.sample_len):
         for f in plan.filters:
             f.apply(logits, [plan.initial + h.tokens for h in beams])
-        logprobs = logits - logsumexp(logits)
-        beams, sources, newly_finished = _rank_candidates(beams, logprobs, beam, eot)
+        # Only each row's beam + 1 best tokens are ranked: one partition of the batch, no vocabulary-wide log-softmax.
+        top = np.argpartition(-logits, beam, axis=-1)[:, : beam + 1]
+        top_logprobs = np.take_along_axis(logits, top, axis=-1) - logsumexp(logits)
+        beams, sources, newly_finished = _rank_candidates(beams, top, top_logprobs, eot)
         for seq, hyp in newly_finished:
             if len(finished) >= max_candidates:
                 break  # the candidate list is full
@@ -389,15 +391,16 @@ def _beam_search(model, state, enc, first_logits, first_align, plan: WindowPlan,
     return list(finished.values())
 
 
-def _rank_candidates(beams: list[Hypothesis], logprobs: np.ndarray, beam: int, eot: int):
+def _rank_candidates(beams: list[Hypothesis], top: np.ndarray, top_logprobs: np.ndarray, eot: int):
     """The next beams (best first), the row each came from, and the candidates that end with <|endoftext|>
-    (best first), as openai's BeamSearchDecoder.update ranks them."""
+    (best first), as openai's BeamSearchDecoder.update ranks them; ``top`` [B, beam + 1] holds each row's best
+    tokens, ``top_logprobs`` their log-probabilities."""
+    beam = top.shape[1] - 1
     scores: dict[tuple[int, ...], tuple[float, int, int, float]] = {}
     for j, h in enumerate(beams):
-        top = np.argpartition(-logprobs[j], beam)[: beam + 1]
-        for token in top[np.argsort(-logprobs[j, top], kind="stable")]:
-            lp = float(logprobs[j, token])
-            scores[(*h.tokens, int(token))] = (h.sum_logprob + lp, j, int(token), lp)
+        for k in np.argsort(-top_logprobs[j], kind="stable"):
+            token, lp = int(top[j, k]), float(top_logprobs[j, k])
+            scores[(*h.tokens, token)] = (h.sum_logprob + lp, j, token, lp)
     next_beams, sources, finished = [], [], []
     for seq, (_score, j, token, lp) in sorted(scores.items(), key=lambda kv: kv[1][0], reverse=True):
         if token == eot:
