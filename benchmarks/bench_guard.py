@@ -27,7 +27,6 @@ CONFIGS = [
     ("int8 greedy, seek guard (default)", "default", None, True),
     ("int8 beam 5, openai's seek rule", "default", 5, False),
     ("int8 beam 5, seek guard", "default", 5, True),
-    ("float32 beam 5, seek guard", "float32", 5, True),
 ]
 
 
