@@ -179,9 +179,11 @@ class VoiceRegions(VoiceCheck):
 
     @classmethod
     def of_speech(cls, stream) -> VoiceRegions:
-        """A SpeechStream's voiced regions on its speech-only timeline."""
+        """A SpeechStream's voiced regions on its speech-only timeline (those in removed audio map to nothing)."""
+        from .vad import VOICED, speech_regions
+
         frames = []
-        for r in stream.voiced:
+        for r in speech_regions(stream.probabilities, stream.original_n_samples, VOICED):
             start, end = (stream.time_map.speech_time(t / SAMPLE_RATE) * FRAMES_PER_SECOND for t in (r.start, r.end))
             if end > start:
                 frames.append((int(start), math.ceil(end)))

@@ -617,7 +617,9 @@ class SpeechStream:
         self._buf = np.zeros(0, dtype=np.float32)
         self._buf_start = 0  # speech-only index of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
-        self.voiced: list[SpeechRegion] = []  # voiced regions of the original audio (speech_stream sets them)
+        # The VAD's window probabilities over the original audio (speech_stream sets them): other region rules
+        # (vad.VOICED for the seek guard) are derived from them without a second VAD pass.
+        self.probabilities = np.zeros(0, dtype=np.float32)
 
     @property
     def n_samples(self) -> int:
@@ -708,7 +710,6 @@ def speech_stream(
     try:
         probabilities, n_samples = (vad or default_vad()).speech_probabilities(first)
         regions = speech_regions(probabilities, n_samples, options)
-        voiced = speech_regions(probabilities, n_samples, VOICED)
         # A stream in memory (the whole signal, nothing ever released) is read again as it is.
         reader = first if first._in_memory else open_audio(first.name, sample_rate=first.sample_rate)
     except BaseException:
@@ -718,7 +719,7 @@ def speech_stream(
     if reader is not first and first is not source:
         first.close()
     stream = SpeechStream(reader, regions, n_samples)
-    stream.voiced = [r for r in voiced if any(r.start < k.end and k.start < r.end for k in regions)]
+    stream.probabilities = probabilities
     return stream
 
 
