@@ -47,6 +47,9 @@ def compute_prefill_table(
     """
     batch = enc_k.shape[0]
     dl = enc_k.shape[1]
+    # One contiguous tensor per layer: a layer's slice of the concatenated [B, d*L, 1, F] is strided, and
+    # splitting its heads would copy it in every call (70 % of a call's time on base, 198 calls).
+    enc_k, enc_v = _per_layer(enc_k, decoder.dims.n_text_layer), _per_layer(enc_v, decoder.dims.n_text_layer)
     empty = torch.zeros(batch, dl, 1, cache_length)
     pad = torch.full((batch, cache_length), MASK_VALUE)
     zero = torch.zeros(batch, dtype=torch.int32)
@@ -64,3 +67,8 @@ def compute_prefill_table(
                 keys[ti, li] = k.mean(dim=0)[:, 0].numpy()
                 values[ti, li] = v.mean(dim=0)[:, 0].numpy()
     return keys, values
+
+
+def _per_layer(cache: torch.Tensor, n_layer: int) -> list[torch.Tensor]:
+    """[B, d*L, 1, F] -> L contiguous [B, d, 1, F] (the decoder takes either form)."""
+    return [part.contiguous() for part in cache.chunk(n_layer, dim=1)]
