@@ -65,7 +65,15 @@ def sdpa_chunked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, chunk: in
     return torch.cat(outs, dim=3), torch.cat(ws, dim=2)
 
 
-SDPA_IMPLEMENTATIONS = {"einsum": sdpa_einsum, "split_heads": sdpa_split_heads, "chunked": sdpa_chunked}
+def sdpa_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, None]:
+    """torch's fused attention, no weights: for computing with the encoder in torch (the prefill table's noise
+    windows: 4x the chunked form's speed), not for export."""
+    out = F.scaled_dot_product_attention(q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3), attn_mask=mask)
+    return out.transpose(2, 3), None
+
+
+SDPA_IMPLEMENTATIONS = {"einsum": sdpa_einsum, "split_heads": sdpa_split_heads, "chunked": sdpa_chunked,
+                        "fused": sdpa_fused}  # fmt: skip
 
 
 # --- building blocks ------------------------------------------------------------------------------------
