@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from whisperane.convert.sources import resolve_source
+from whisperane.dims import ModelDimensions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_DIR = REPO_ROOT.parent / "shared" / "corpus"
@@ -166,6 +167,59 @@ def tiny_en_bundle(ct2_tiny_en_dir) -> Path:
 def base_bundle(ct2_base_dir) -> Path:
     """models/base (multilingual), converted to ONNX (reused across sessions)."""
     return _bundle("base")
+
+
+# --- a random Whisper: conversions whose checks need no real model's outputs (test_convert.py, test_faults.py) --
+
+# Small enough to convert in seconds; tiny.en's vocabulary, so its tokenizer applies.
+TINY_RANDOM = ModelDimensions(
+    n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
+    n_vocab=51864, n_text_ctx=32, n_text_state=64, n_text_head=2, n_text_layer=2,
+)  # fmt: skip
+
+
+def hf_config(dims: ModelDimensions, **extra):
+    """transformers' WhisperConfig of ``dims``."""
+    from transformers import WhisperConfig
+
+    return WhisperConfig(
+        vocab_size=dims.n_vocab,
+        num_mel_bins=dims.n_mels,
+        encoder_layers=dims.n_audio_layer,
+        decoder_layers=dims.n_text_layer,
+        encoder_attention_heads=dims.n_audio_head,
+        decoder_attention_heads=dims.n_text_head,
+        d_model=dims.n_audio_state,
+        encoder_ffn_dim=4 * dims.n_audio_state,
+        decoder_ffn_dim=4 * dims.n_text_state,
+        max_source_positions=dims.n_audio_ctx,
+        max_target_positions=dims.n_text_ctx,
+        **extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def random_hf_dir(tmp_path_factory, ct2_tiny_en_dir) -> Path:
+    """A Hugging Face directory (safetensors) holding a seeded random Whisper of TINY_RANDOM's dimensions."""
+    import shutil
+
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(hf_config(TINY_RANDOM)).eval()
+    path = tmp_path_factory.mktemp("random") / "whisper-random"
+    model.save_pretrained(path, safe_serialization=True)
+    shutil.copy(ct2_tiny_en_dir / "tokenizer.json", path / "tokenizer.json")
+    return path
+
+
+@pytest.fixture(scope="session")
+def random_bundle(random_hf_dir, tmp_path_factory) -> Path:
+    """random_hf_dir converted in this process (ONNX, default options)."""
+    from whisperane.convert.pipeline import convert
+
+    return convert(str(random_hf_dir), out_dir=tmp_path_factory.mktemp("bundles") / "whisper-random")
 
 
 def teacher_forced_tokens(bundle: Path, clip: Clip) -> list[int]:

@@ -22,9 +22,9 @@ import onnxruntime as ort
 import pytest
 import reference
 import torch
-from conftest import CLIPS, Clip, TorchWhisper, teacher_forced_tokens
+from conftest import CLIPS, TINY_RANDOM, Clip, TorchWhisper, hf_config, teacher_forced_tokens
 from onnx import numpy_helper
-from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
 from whisperane.bundle import MASK_VALUE, BundleInfo, verify_bundle
 from whisperane.convert import export_onnx, modules
@@ -68,23 +68,6 @@ def ort_session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # see torch.set_num_threads above
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def hf_config(dims: ModelDimensions, **extra) -> WhisperConfig:
-    return WhisperConfig(
-        vocab_size=dims.n_vocab,
-        num_mel_bins=dims.n_mels,
-        encoder_layers=dims.n_audio_layer,
-        decoder_layers=dims.n_text_layer,
-        encoder_attention_heads=dims.n_audio_head,
-        decoder_attention_heads=dims.n_text_head,
-        d_model=dims.n_audio_state,
-        encoder_ffn_dim=4 * dims.n_audio_state,
-        decoder_ffn_dim=4 * dims.n_text_state,
-        max_source_positions=dims.n_audio_ctx,
-        max_target_positions=dims.n_text_ctx,
-        **extra,
-    )
 
 
 def hf_model(ckpt: Checkpoint) -> WhisperForConditionalGeneration:
@@ -563,28 +546,6 @@ def test_loaders_agree(tiny_en_torch, ct2_tiny_en_dir, tmp_path):
         assert other.state_dict.keys() == ct2.state_dict.keys(), fmt
         different = [k for k, v in ct2.state_dict.items() if not np.array_equal(v, other.state_dict[k])]
         assert not different, f"{fmt}: {different[:5]}"
-
-
-# A random Whisper small enough to convert in seconds (tiny.en's vocabulary, so its tokenizer applies).
-TINY_RANDOM = ModelDimensions(
-    n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
-    n_vocab=51864, n_text_ctx=32, n_text_state=64, n_text_head=2, n_text_layer=2,
-)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def random_hf_dir(tmp_path_factory, ct2_tiny_en_dir) -> Path:
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(hf_config(TINY_RANDOM)).eval()
-    path = tmp_path_factory.mktemp("random") / "whisper-random"
-    model.save_pretrained(path, safe_serialization=True)
-    shutil.copy(ct2_tiny_en_dir / "tokenizer.json", path / "tokenizer.json")
-    return path
-
-
-@pytest.fixture(scope="module")
-def random_bundle(random_hf_dir, tmp_path_factory) -> Path:
-    return convert(str(random_hf_dir), out_dir=tmp_path_factory.mktemp("bundles") / "whisper-random")
 
 
 def test_convert_from_huggingface_dir(random_hf_dir, random_bundle):
