@@ -7,14 +7,16 @@ times are the timestamp tokens the beam search chose. A clip may differ only whe
 hypotheses score within ``TIE_MARGIN`` of each other (then float32 rounding between torch and ONNX Runtime may
 pick the other one): such clips are named, at most one per model.
 
-CI compares the shortest one-window clips only (``CI_ENGLISH_CLIPS`` English ones on tiny.en,
-``CI_OTHER_CLIPS`` other-language ones on base): openai's beam search in torch is the slow side. The full corpus
-(every one-window clip: tiny.en on the English ones, base on the other languages) is
-benchmarks/bench_beam_openai.py, which imports this module's comparison. Its run of 2026-12-01
-(benchmarks/results/2026-12-01-beam-openai.md, a loaded 2-core machine) found all 25 one-window clips identical:
-tiny.en 17/17 English, base 8/8 (ko, zh, pt, de, ja, it, fr, es); openai's two best final hypotheses were within
-``TIE_MARGIN`` on 14 of them (smallest gap 0.0006) and no near-tie difference was needed; openai's side took ~3x
-whisperane's wall time (tiny.en 1132 s / 352 s, base 640 s / 210 s at load average 8-14).
+CI compares the shortest one-window English clips on tiny.en only (``CI_ENGLISH_CLIPS``; the int8 test below
+runs beam search on the int8 decoders too): openai's beam search in torch is the slow side. base (the other
+languages) is compared by benchmarks/bench_beam_openai.py only: it runs this module's comparison on the full
+corpus (every one-window clip: tiny.en on the English ones, base on the other languages); base left CI for its
+time (openai's base model in torch, and 29 s for two clips) as the benchmark checks it on every clip. Its run
+of 2026-12-01 (benchmarks/results/2026-12-01-beam-openai.md, a loaded 2-core machine) found all 25 one-window
+clips identical: tiny.en 17/17 English, base 8/8 (ko, zh, pt, de, ja, it, fr, es); openai's two best final
+hypotheses were within ``TIE_MARGIN`` on 14 of them (smallest gap 0.0006) and no near-tie difference was
+needed; openai's side took ~3x whisperane's wall time (tiny.en 1132 s / 352 s, base 640 s / 210 s at load
+average 8-14).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ TIE_MARGIN = 0.01
 BEAM = 5
 WINDOW_S = 30.0  # clips up to one window: the long-form seek is tested elsewhere, and costs minutes here
 CI_ENGLISH_CLIPS = 5
-CI_OTHER_CLIPS = 2
 
 
 @dataclass(frozen=True)
@@ -159,16 +160,6 @@ def test_tiny_en_beam5_matches_openai(tiny_en_comparisons):
     differing = differing_near_ties(tiny_en_comparisons)
     print(f"tiny.en beam 5: {[c.clip.id for c in tiny_en_comparisons]}, near-tie differences: {differing}")
     assert len(tiny_en_comparisons) == CI_ENGLISH_CLIPS and len(differing) <= 1, differing
-
-
-@pytest.mark.slow
-def test_base_beam5_matches_openai(base_bundle, ct2_base_dir):
-    """The other languages (tiny.en covers English)."""
-    clips = one_window_clips(corpus_entries(), CORPUS_DIR, english=False)[:CI_OTHER_CLIPS]
-    comparisons = compare_with_openai(base_bundle, ct2_base_dir, clips)
-    differing = differing_near_ties(comparisons)
-    print(f"base beam 5: {[c.clip.id for c in comparisons]}, near-tie differences: {differing}")
-    assert len(comparisons) == CI_OTHER_CLIPS and len(differing) <= 1, differing
 
 
 @pytest.mark.slow
