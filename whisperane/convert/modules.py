@@ -15,6 +15,9 @@ stem runs as Conv2d on [B, M, 1, T]. Attention is computed by an interchangeable
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -253,6 +256,20 @@ class AudioEncoder(nn.Module):
         k = torch.cat([p(x) for p in self.cross_key], dim=channels)
         v = torch.cat([p(x) for p in self.cross_value], dim=channels)
         return to_bc1s(x, self.layout), to_bc1s(k, self.layout), to_bc1s(v, self.layout)
+
+
+@contextlib.contextmanager
+def attention(encoder: AudioEncoder, sdpa: str) -> Iterator[AudioEncoder]:
+    """``encoder`` computing its attention with another of SDPA_IMPLEMENTATIONS for a while, on the same weights
+    (a second encoder built for it would hold a second copy of them)."""
+    saved = [block.sdpa for block in encoder.blocks]
+    for block in encoder.blocks:
+        block.sdpa = SDPA_IMPLEMENTATIONS[sdpa]
+    try:
+        yield encoder
+    finally:
+        for block, fn in zip(encoder.blocks, saved, strict=True):
+            block.sdpa = fn
 
 
 class PerLayerOutputs(nn.Module):

@@ -145,7 +145,8 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     lang_ids = list(tokens["languages"].values()) if tokens["multilingual"] else []
     task_ids = [special["transcribe"], special["translate"]] if tokens["multilingual"] else []
     # torch's fused attention: the noise windows through the encoder in a quarter of the exported form's time
-    enc_k, enc_v = random_encoder_outputs(modules.build_encoder(ckpt, sdpa="fused", layout=layout), mel)
+    with modules.attention(encoder, "fused"):
+        enc_k, enc_v = random_encoder_outputs(encoder, mel)
     key_table, value_table = compute_prefill_table(sequence, enc_k, enc_v, special["sot"], lang_ids, task_ids, s)
     prefill = modules.TextDecoderContextPrefill(key_table, value_table, lang_ids[0] if lang_ids else 0, max(1, len(lang_ids)))
 
