@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -235,20 +235,39 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
     return _best_result(hypotheses, tokenizer, options, language_probs, no_speech_prob=first[2])
 
 
-def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions, tokenizer: Tokenizer) -> list[DecodingResult]:
+def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions, tokenizer: Tokenizer,
+                   prompts: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:  # fmt: skip
     """Decode B windows at once (``enc`` holds B encoder outputs), greedily: one decoder call per step for all
     rows, each row at its own cache position with its own window's cross K/V, timestamp rules and stopping
-    (a finished row keeps being fed <|endoftext|>, its results ignored). Every row shares the forced tokens."""
+    (a finished row keeps being fed <|endoftext|>, its results ignored). ``prompts``: each row's own
+    previous-text tokens in place of ``options.prompt`` (rows then start at different positions)."""
     if options.temperature > 0 or options.beam_size:
         raise WhisperaneError("windows are decoded together greedily; decode a window alone to sample or beam")
-    plan = plan_window(model, options, tokenizer)
     batch = enc.embeds.shape[0]
+    if prompts is None:
+        prompts = [_encode_text_or_tokens(tokenizer, options.prompt) if options.prompt else None] * batch
+    plan = plan_window(model, replace(options, prompt=None), tokenizer)  # what every row shares after its prompt
+    heads = [[tokenizer.sot_prev, *p[-(model.dims.n_text_ctx // 2 - 1) :]] if p else [] for p in prompts]
+    limits = [min(plan.sample_len, model.cache_length - plan.sample_begin - len(h)) for h in heads]
+    if min(limits) < 1:
+        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
     with model.decoding_state(batch) as state:
-        tokens = np.repeat(np.asarray([plan.initial]), batch, axis=0)
-        logits, align = model.decoder.forward(state, tokens, enc.cross)
+        if any(heads):
+            _forward_prompts(model, state, heads, enc.cross, tokenizer.sot_prev)
+        logits, align = model.decoder.forward(state, np.repeat(np.asarray([plan.initial]), batch, axis=0), enc.cross)
         no_speech = np.exp(log_softmax(logits[:, plan.sot_index].astype(np.float64))[:, tokenizer.no_speech])
-        hypotheses = _sample_loop(model, state, enc.cross, logits[:, -1], align[:, :, -1], plan, tokenizer, options)
+        hypotheses = _sample_loop(model, state, enc.cross, logits[:, -1], align[:, :, -1], plan, tokenizer, options,
+                                  limits)  # fmt: skip
     return [_best_result([h], tokenizer, options, None, float(p)) for h, p in zip(hypotheses, no_speech, strict=True)]
+
+
+def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[list[int]], cross, pad: int) -> None:
+    """Each row's own prompt into its cache in one call: shorter rows padded after their end (the causal
+    attention keeps the padding out of their positions), then every row cut back to its own length."""
+    longest = max(len(h) for h in heads)
+    tokens = np.asarray([h + [pad] * (longest - len(h)) for h in heads])
+    model.decoder.forward(state, tokens, cross, need_logits=False)
+    state.truncate([len(h) for h in heads])
 
 
 def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
@@ -316,12 +335,14 @@ class Hypothesis:
 
 
 def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarray, plan: WindowPlan, tokenizer,
-                 options) -> list[Hypothesis]:  # fmt: skip
+                 options, limits: Sequence[int] | None = None) -> list[Hypothesis]:  # fmt: skip
     """Greedy (temperature 0) or sampled continuations of B rows until every row ends: the samples of one
     window (``cross`` at batch 1) or one window per row (``cross`` at batch B). ``logits`` [B, V] and
-    ``first_align`` [B, A, F] are the rows' predictions of their first token."""
+    ``first_align`` [B, A, F] are the rows' predictions of their first token; ``limits``: each row's most
+    sampled tokens (rows with prompts of their own have less room in the cache), plan.sample_len by default."""
     eot, filters, sample_len = tokenizer.eot, plan.filters, plan.sample_len
     n_group = logits.shape[0]
+    ends = [plan.sample_begin + n for n in (limits or [sample_len] * n_group)]
     tokens = [list(plan.initial) for _ in range(n_group)]
     sum_logprobs = np.zeros(n_group)
     token_logprobs: list[list[float]] = [[] for _ in range(n_group)]
@@ -338,7 +359,7 @@ def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarra
             gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logits.shape)))
             next_tokens = (logits / options.temperature + gumbel).argmax(axis=-1)
         for k in range(n_group):
-            if tokens[k][-1] == eot:
+            if tokens[k][-1] == eot or len(tokens[k]) >= ends[k]:  # ended, or out of room: fed <|endoftext|>
                 next_tokens[k] = eot
             else:
                 lp = float(logits[k, next_tokens[k]] - normalizer[k])
