@@ -221,16 +221,18 @@ GUARD_MIN_SPEECH_FRAMES = 150
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
-def _read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int,
-                 file_peak: float | None) -> tuple[EncodedWindow | None, np.ndarray]:  # fmt: skip
-    """Encode the window at ``seek``; None for digital silence, where Whisper is known to invent " you"
-    (with a no-speech probability that the log-probability rule overrides). Also returns the samples."""
+def _read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int, file_peak: float | None,
+                 encode: bool = True) -> tuple[EncodedWindow | None, np.ndarray, np.ndarray | None]:  # fmt: skip
+    """The window at ``seek``: its encoding (or, without ``encode``, its log-mel for a batch encoded together),
+    its samples. Neither for digital silence, where Whisper is known to invent " you" (with a no-speech
+    probability that the log-probability rule overrides)."""
     start = seek * HOP_LENGTH
     samples = stream.read(start, min(n_frames * HOP_LENGTH, N_SAMPLES))
     peak = float(np.abs(samples).max()) if len(samples) else 0.0
     if peak < SILENCE_PEAK:
-        return None, samples
-    return model.encode(model.log_mel(samples, file_peak)), samples
+        return None, samples, None
+    mel = model.log_mel(samples, file_peak)
+    return (model.encode(mel), samples, None) if encode else (None, samples, mel)
 
 
 WORD_FRAME = 320  # 20 ms, the resolution of word timestamps
@@ -323,6 +325,11 @@ class Window:
     size: int  # mel frames of audio in the window (less than N_FRAMES at the end or a clip's end)
     enc: EncodedWindow | None
     samples: np.ndarray
+    mel: np.ndarray | None = None  # a window read to be encoded with others (Transcription.next_window)
+
+    @property
+    def is_silence(self) -> bool:
+        return self.enc is None and self.mel is None
 
     @property
     def time_offset(self) -> float:
@@ -369,17 +376,36 @@ class Transcription:
         return _result(self.all_segments, self.tokenizer, duration, self.language_probs, self.options.word_timestamps)
 
     def run_windows(self) -> None:
-        self.tokenizer = self._tokenizer_for_language()
+        self.begin(self._tokenizer_for_language(), self.language_probs)
+        while (window := self._next_window()) is not None:
+            self.finish_window(window)
+
+    def begin(self, tokenizer: Tokenizer, language_probs: dict[str, float] | None) -> None:
+        self.tokenizer, self.language_probs = tokenizer, language_probs
         if self.options.initial_prompt:
             self.all_tokens.extend(self.tokenizer.encode(" " + self.options.initial_prompt.strip()))
-        while (window := self._next_window()) is not None:
-            if window.enc is None:
-                self.seek = window.seek + window.size
-            else:
-                self._decode_window(window)
-            if self.progress:
-                done = min(self.seek, self.content_frames) / FRAMES_PER_SECOND
-                self.progress(done, self.content_frames / FRAMES_PER_SECOND)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.all_tokens[self.prompt_reset_since :]
+
+    def next_window(self) -> Window | None:
+        """The next window with its log-mel, not encoded (for windows of several loops encoded and decoded
+        together, then given back one by one to ``finish_window``); digital silence is passed over."""
+        while (window := self._next_window(encode=False)) is not None and window.is_silence:
+            self.finish_window(window)
+        return window
+
+    def finish_window(self, window: Window, first: DecodingResult | None = None) -> None:
+        """Decode ``window`` (``first``: its result at the first temperature, decoded with other windows) and
+        move on."""
+        if window.is_silence:
+            self.seek = window.seek + window.size
+        else:
+            self._decode_window(window, first)
+        if self.progress:
+            done = min(self.seek, self.content_frames) / FRAMES_PER_SECOND
+            self.progress(done, self.content_frames / FRAMES_PER_SECOND)
 
     def _tokenizer_for_language(self) -> Tokenizer:
         model, options = self.model, self.options
@@ -394,7 +420,7 @@ class Transcription:
                 language = "en"
         return model.tokenizer(language=language, task=options.task)
 
-    def _next_window(self) -> Window | None:
+    def _next_window(self, encode: bool = True) -> Window | None:
         """The window at ``seek`` (moving on to the next clip of clip_timestamps where one ends), or None."""
         while self.clip_index < len(self.clips):
             if self.stream.exhausted:  # the stream refines its length as it reads (mp3 headers can be approximate)
@@ -412,16 +438,16 @@ class Transcription:
             size = min(N_FRAMES, self.content_frames - self.seek, clip_end - self.seek)
             first, self.first_window = self.first_window, None
             window = first if first is not None and self.seek == 0 and size == first.size else None
-            window = window or Window(self.seek, size, *_read_window(self.model, self.stream, self.seek, size, self.file_peak))
+            window = window or Window(self.seek, size, *_read_window(self.model, self.stream, self.seek, size, self.file_peak, encode))
             if self.stream.exhausted:
                 self.content_frames = int(self.stream.n_samples // HOP_LENGTH)
             return window
         return None
 
-    def _decode_window(self, w: Window) -> None:
+    def _decode_window(self, w: Window, first: DecodingResult | None = None) -> None:
         options = self.options
-        prompt = self.all_tokens[self.prompt_reset_since :]
-        result = _decode_with_fallback(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs, self.window_index)
+        result = _decode_with_fallback(self.model, w.enc, options, self.prompt, self.tokenizer, self.language_probs,
+                                       self.window_index, [first] if first else [])  # fmt: skip
         self.window_index += 1
         if _is_silence(result, options):
             self.seek = w.seek + w.size
