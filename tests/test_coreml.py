@@ -1,4 +1,4 @@
-"""Core ML export (whisperane/convert/export_coreml.py) on the real tiny.en weights.
+"""Core ML export (whisperane/convert/export_coreml.py) of a seeded random Whisper (COREML_RANDOM).
 
 Everywhere: the packages are built once per session and their specs are checked against the component
 contract (DESIGN.md §2): names, shapes, dtypes and states, ML Program type, deployment targets, compute
@@ -7,9 +7,11 @@ range, the beam package's 5 rows and states) over batch-1 cross K/V that reach t
 between them and the matmuls can copy them to the rows); the stateful decoder wrapper is checked in torch
 (eager and traced, the graph Core ML receives) against the stateless decoder with host-side cache writes, at 1
 and 5 rows; and the runtime's stateful adapter (decoder.StatefulDecoder: MLState rows, prefix copies, beam
-reordering) runs a beam walk over the torch wrapper standing in for Core ML, against the ONNX float32 decoder.
-On macOS also: each package's predictions against its torch module (PSNR >= 35 dB), and the beam walk through
-the Core ML decoders against the ONNX float32 one.
+reordering) runs a beam walk over the torch wrapper standing in for Core ML, against the ONNX float32 decoder
+exported from the same weights. On macOS also: each package's predictions against its torch module (PSNR >= 35
+dB), and the beam walk through the Core ML decoders against the ONNX float32 one. The real models' Core ML
+conversion runs where a user asks for it (``whisperane convert tiny.en --formats coreml``); these checks are about the
+export's code, which a random model of fewer layers exercises in a quarter of the time.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ ct = pytest.importorskip("coremltools")
 from whisperane.audio import load_audio, pad_or_trim  # noqa: E402
 from whisperane.convert import export_coreml, modules  # noqa: E402
 from whisperane.convert.checkpoint import load_checkpoint  # noqa: E402
-from whisperane.convert.export_onnx import decoder_example  # noqa: E402
+from whisperane.convert.export_onnx import decoder_example, export_decoder  # noqa: E402
 from whisperane.convert.prefill import compute_prefill_table  # noqa: E402
 from whisperane.decoder import CacheLayout, CrossAttention, OneHotDecoder, StatefulDecoder  # noqa: E402
+from whisperane.dims import ModelDimensions  # noqa: E402
 from whisperane.executors import CoreMLComponent, OnnxComponent  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -46,16 +49,40 @@ macos_only = pytest.mark.skipif(
 
 # --- one build per session --------------------------------------------------------------------------------
 
+# tiny.en's vocabulary, mel bins, frames and cache length; one encoder layer and two decoder layers of width 192
+# (heads of 64, as tiny.en's; every weight matrix above the palettization threshold, as in real models): every
+# path of the export (layers concatenated and sliced, the tied embedding, alignment heads, rows and states) at a
+# fraction of tiny.en's operations, whose conversion through coremltools' passes took 85 s (and 19 s more
+# palettized) of the CI's 2 cores.
+COREML_RANDOM = ModelDimensions(
+    n_mels=80, n_audio_ctx=1500, n_audio_state=192, n_audio_head=3, n_audio_layer=1,
+    n_vocab=51864, n_text_ctx=448, n_text_state=192, n_text_head=3, n_text_layer=2,
+)  # fmt: skip
+
 
 @pytest.fixture(scope="session")
-def torch_modules(ct2_tiny_en_dir):
-    """The tiny.en torch modules the packages are exported from, and one real window (JFK) through them.
+def random_checkpoint(tmp_path_factory):
+    """COREML_RANDOM as a seeded Hugging Face checkpoint; weights drawn wider than transformers' default
+    (std 0.1, not 0.02) so that rows with different tokens get clearly different logits."""
+    from conftest import hf_config
+    from transformers import WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(hf_config(COREML_RANDOM, init_std=0.1)).eval()
+    path = tmp_path_factory.mktemp("coreml_random") / "whisper"
+    model.save_pretrained(path, safe_serialization=True)
+    return load_checkpoint(path)
+
+
+@pytest.fixture(scope="session")
+def torch_modules(random_checkpoint):
+    """The torch modules the packages are exported from, and one real window (JFK) through them.
 
     The prefill table is computed from that window's cross K/V, not from the pipeline's eight noise windows
-    (convert.prefill.random_encoder_outputs; 70 s of this fixture's setup at load 10 on 2 cores): the packages
-    hold whatever table they are given, and these tests check its shapes and that Core ML returns it."""
+    (convert.prefill.random_encoder_outputs): the packages hold whatever table they are given, and these tests
+    check its shapes and that Core ML returns it."""
     torch.set_grad_enabled(False)
-    ckpt = load_checkpoint(ct2_tiny_en_dir)
+    ckpt = random_checkpoint
     dims = ckpt.dims
     mel, encoder = modules.MelSpectrogram(dims.n_mels).eval(), modules.build_encoder(ckpt, sdpa="chunked")
     audio = torch.from_numpy(pad_or_trim(load_audio(str(JFK))).astype(np.float32))
@@ -63,8 +90,10 @@ def torch_modules(ct2_tiny_en_dir):
     embeds, enc_k, enc_v = encoder(features)
     sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence)
     key_table, value_table = compute_prefill_table(sequence, enc_k, enc_v, 50257, [], [], S)
+    assert dims == COREML_RANDOM
     return {
         "dims": dims,
+        "checkpoint": ckpt,
         "mel": mel,
         "encoder": encoder,
         "decoder": modules.build_decoder(ckpt, modules.TextDecoder),
@@ -150,7 +179,7 @@ def _large_consts(spec) -> int:
     return n
 
 
-def _contract(dims) -> dict:
+def _contract(dims, alignment_heads: int) -> dict:
     """The contract's tensors at batch 1 (DESIGN.md §2), written out independently of the exporter."""
     d, dl, f, v = dims.n_audio_state, dims.n_text_state * dims.n_text_layer, dims.n_audio_ctx, dims.n_vocab
     f32 = "FLOAT32"
@@ -182,7 +211,7 @@ def _contract(dims) -> dict:
                 "logits": (f32, [1, 1, v]),
                 "key_cache_updates": (f32, [1, dl, 1, 1]),
                 "value_cache_updates": (f32, [1, dl, 1, 1]),
-                "alignment_heads_weights": (f32, [1, 8, f]),  # tiny.en has 8 alignment heads
+                "alignment_heads_weights": (f32, [1, alignment_heads, f]),
             },
         ),
         "TextDecoderContextPrefill": (
@@ -230,7 +259,7 @@ def test_stateless_package_matches_the_contract(bundle, torch_modules, component
     its batch, so the package leaves them open)."""
     out, _ = bundle
     spec = _spec(out / f"{component}.mlpackage")
-    inputs, outputs = _contract(torch_modules["dims"])[component]
+    inputs, outputs = _contract(torch_modules["dims"], len(torch_modules["decoder"].alignment_heads))[component]
     assert spec.WhichOneof("Type") == "mlProgram"
     assert spec.specificationVersion == 7  # Core ML 6: macOS 13 / iOS 16
     assert _features(spec.description.input) == inputs
@@ -247,7 +276,7 @@ def test_stateful_decoder_keeps_the_caches_in_state(bundle, torch_modules, packa
     """Every per-row input, output and state at the package's fixed rows; the cross K/V at batch 1."""
     out, _ = bundle
     spec = _spec(out / f"{package}.mlpackage")
-    inputs, outputs = _contract(torch_modules["dims"])["TextDecoder"]
+    inputs, outputs = _contract(torch_modules["dims"], len(torch_modules["decoder"].alignment_heads))["TextDecoder"]
     dl = torch_modules["dims"].n_text_state * torch_modules["dims"].n_text_layer
     assert rows == {"TextDecoderStateful": 1, "TextDecoderStatefulBeam": export_coreml.BEAM_BATCH}[package]
 
@@ -290,7 +319,7 @@ def test_stateless_decoder_takes_1_to_8_rows_over_cross_kv_of_batch_1(bundle, to
     out, _ = bundle
     dims = torch_modules["dims"]
     spec = _spec(out / "TextDecoder.mlpackage")
-    inputs, outputs = _contract(dims)["TextDecoder"]
+    inputs, outputs = _contract(dims, len(torch_modules["decoder"].alignment_heads))["TextDecoder"]
     most = export_coreml.MAX_DECODER_BATCH
     assert most >= 5
     for feature in spec.description.input:
@@ -339,8 +368,8 @@ def test_cross_kv_reach_the_attention_without_copies(bundle, torch_modules, pack
 
 def test_beam_decoder_holds_no_rows_of_cross_kv(bundle, torch_modules):
     """In the 5-row program (fixed shapes, so the rows are visible): a tensor with the rows and the 1500
-    frames holds fewer values a frame than one head's K or V (64): the attention scores of the 6 heads and the
-    8 alignment heads' weights; the K/V appear only at batch 1."""
+    frames holds fewer values a frame than one head's K or V (64): the attention scores of the heads and the
+    alignment heads' weights; the K/V appear only at batch 1."""
     out, _ = bundle
     dims = torch_modules["dims"]
     rows, frames, head_width = export_coreml.BEAM_BATCH, dims.n_audio_ctx, dims.n_text_state // dims.n_text_head
@@ -387,8 +416,9 @@ def test_no_palettized_weights_unless_requested(bundle):
         ]
 
 
-def test_palettized_variant_has_lookup_tables_for_every_weight_matrix(bundle, palettized):
+def test_palettized_variant_has_lookup_tables_for_every_weight_matrix(bundle, palettized, torch_modules):
     out, components = palettized
+    dims = torch_modules["dims"]
     assert components == {
         "AudioEncoder": {
             "coreml": "AudioEncoder.mlpackage",
@@ -400,7 +430,7 @@ def test_palettized_variant_has_lookup_tables_for_every_weight_matrix(bundle, pa
     luts = [op for op in _operations(small) if op.type == "constexpr_lut_to_dense"]
     n_matrices = _large_consts(plain)
     # per block q, k, v, out, fc1, fc2; the conv stem; cross k, v per decoder layer
-    assert n_matrices >= 4 * 6 + 2 + 2 * 4
+    assert n_matrices >= dims.n_audio_layer * 6 + 2 + 2 * dims.n_text_layer
     assert len(luts) == n_matrices and _large_consts(small) == 0
     for op in luts:
         assert [d.constant.size for d in op.attributes["lut"].type.tensorType.dimensions] == [2**PALETTE_BITS]
@@ -473,7 +503,7 @@ def test_stateful_wrapper_matches_stateless_decoder_with_host_cache_writes(torch
 
 # --- the runtime's stateful adapter: a beam walk (every platform, over the torch wrapper) -------------------
 
-SOT, NO_TIMESTAMPS = 50257, 50362  # tiny.en's forced prefix
+SOT, NO_TIMESTAMPS = 50257, 50362  # tiny.en's forced prefix (the random model has its vocabulary)
 BEAM_TOKENS = ([400, 293, 286, 257, 11], [290, 340, 318, 13, 284], [257, 1110, 383, 314, 632])
 # the rows after each step: duplicated (two beams from one), reversed, mixed
 REORDERS = ([0, 0, 1, 2, 1], [4, 3, 2, 1, 0], [1, 1, 0, 3, 2])
@@ -555,11 +585,13 @@ def _decoded_alone(reference, cross: CrossAttention, sot_kv: tuple, histories: l
 
 
 @pytest.fixture(scope="module")
-def onnx_reference(tiny_en_bundle, torch_modules, window) -> tuple:
-    """The ONNX float32 TextDecoder (the bundle's) through the one-hot adapter, the window's cross K/V, and
-    sot's K/V as that decoder computes them."""
+def onnx_reference(tmp_path_factory, torch_modules, window) -> tuple:
+    """The ONNX float32 TextDecoder (exported as the pipeline exports it: the BTC layout, from the same weights)
+    through the one-hot adapter, the window's cross K/V, and sot's K/V as that decoder computes them."""
     dims = torch_modules["dims"]
-    component = OnnxComponent(tiny_en_bundle / "TextDecoder.onnx", threads=1)
+    btc = modules.build_decoder(torch_modules["checkpoint"], modules.TextDecoder, sdpa="einsum", layout="btc")
+    path = export_decoder(btc, dims, S, tmp_path_factory.mktemp("onnx_reference") / "TextDecoder.onnx")
+    component = OnnxComponent(path, threads=1)
     decoder = OneHotDecoder(_layout(dims), dims.n_vocab, component)
     cross = CrossAttention({"encoder_attn_key_cache": window["enc_k"].numpy(),
                             "encoder_attn_value_cache": window["enc_v"].numpy()}, 1)  # fmt: skip
