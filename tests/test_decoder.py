@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import CLIPS
+from conftest import CLIPS, DATA_CLIPS
 
 import whisperane
 from whisperane.audio import load_audio
@@ -86,6 +86,30 @@ def test_shared_cross_attention_equals_copies(model, window):
         results.append((logits, align))
     np.testing.assert_allclose(results[0][0], results[1][0], atol=ATOL)
     np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-4)
+
+
+def test_windows_with_their_own_prompts_decode_as_alone(model):
+    """decode_windows (batched mode's step): three windows side by side, two with previous-text prompts of
+    different lengths and one without (rows at different cache positions from the prompt call on, the longer
+    prompts padded and cut back), give each window's greedy decoding alone with its own prompt."""
+    from dataclasses import replace
+
+    from whisperane.decoding import decode, decode_windows
+    from whisperane.options import DecodingOptions
+
+    names = ["jfk", "1089-134691-0001", "LJ001-0002"]
+    enc = model.encode(np.concatenate([model.log_mel(load_audio(str(DATA_CLIPS[n][0]))) for n in names]))
+    tok = model.tokenizer()
+    prompts = [tok.encode(" He hoped there would be stew for dinner, turnips and carrots and bruised potatoes."),
+               None, tok.encode(" Printing.")]  # fmt: skip
+    options = DecodingOptions(language="en")
+    together = decode_windows(model, enc, options, tok, prompts)
+    for i, prompt in enumerate(prompts):
+        alone = decode(model, enc.row(i), replace(options, prompt=prompt), tok)
+        assert together[i].tokens == alone.tokens, names[i]
+        assert together[i].text.strip()
+        assert abs(together[i].avg_logprob - alone.avg_logprob) < 1e-3
+        assert abs(together[i].no_speech_prob - alone.no_speech_prob) < 1e-3
 
 
 def _ancestors(graph: onnx.GraphProto, name: str) -> set[str]:

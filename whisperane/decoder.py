@@ -21,7 +21,7 @@ The state of a call (``DecoderState``) belongs to the call: one loaded model dec
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,13 +113,6 @@ class DecoderState:
                     for r, start in enumerate(self.lengths):
                         cache[r, :, :, start : start + t] = part[r if part.shape[0] > 1 else 0]
         self.lengths += t
-
-    def truncate(self, lengths: Sequence[int]) -> None:
-        """Rows back to ``lengths``: what a padded multi-token call wrote past a row's own end is masked again
-        (and overwritten by the row's next tokens)."""
-        for r, n in enumerate(lengths):
-            self.padding[r, n:] = MASK_VALUE
-        self.lengths[:] = lengths
 
     def copy_prefix_from(self, other: DecoderState) -> None:
         """Start every row from ``other``'s single row (a prefix decoded once, then sampled B ways)."""
