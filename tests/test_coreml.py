@@ -169,13 +169,13 @@ def _tensor_dtypes(spec) -> set[str]:
 
 
 def _large_consts(spec) -> int:
-    """Constant tensors with at least the palettization threshold of elements."""
+    """Constant tensors with more elements than the palettization threshold (coremltools' rule)."""
     n = 0
     for op in _operations(spec):
         if op.type == "const":
             t = op.attributes["val"].type.tensorType
             size = int(np.prod([d.constant.size for d in t.dimensions])) if t.rank else 1
-            n += size >= export_coreml.PALETTIZE_WEIGHT_THRESHOLD
+            n += size > export_coreml.PALETTIZE_WEIGHT_THRESHOLD
     return n
 
 

@@ -64,9 +64,10 @@ STATEFUL_TARGET = "macOS15"  # MLState: macOS 15 / iOS 18
 PALETTIZE_BITS = (4, 6, 8)
 MAX_DECODER_BATCH = 8  # rows (and cross K/V batch) of the stateless TextDecoder: 1..8
 BEAM_BATCH = 5  # rows of TextDecoderStatefulBeam (openai's and faster-whisper's beam_size and best_of)
-# Tensors with fewer elements stay fp16: biases and norms (at most 4 * 1280 = 5120, large-v3's fc1 bias). Every
-# weight matrix is larger (the smallest, tiny's conv1, has 80 * 384 * 3); above 10,000 fp16 elements coremltools
-# clusters with its bundled exact 1-D k-means, below it would need scikit-learn.
+# Tensors with this many elements or fewer stay fp16 (coremltools palettizes only tensors with more): biases and
+# norms (at most 4 * 1280 = 5120, large-v3's fc1 bias). Every weight matrix is larger (the smallest, tiny's conv1,
+# has 80 * 384 * 3); above 10,000 fp16 elements coremltools clusters with its bundled exact 1-D k-means, below it
+# would need scikit-learn.
 PALETTIZE_WEIGHT_THRESHOLD = 16384
 
 MEL_INPUTS = ["audio"]
@@ -265,7 +266,7 @@ def convert_prefill(module: TextDecoderContextPrefill):
 
 
 def palettize_model(mlmodel, nbits: int):
-    """k-means palettization of every weight with at least PALETTIZE_WEIGHT_THRESHOLD elements."""
+    """k-means palettization of every weight with more than PALETTIZE_WEIGHT_THRESHOLD elements."""
     if nbits not in PALETTIZE_BITS:
         raise ConversionError(f"palettization takes 4, 6 or 8 bits, not {nbits}")
     _ct()
