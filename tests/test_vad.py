@@ -365,35 +365,21 @@ def _regions_strategy():
 
 @settings(max_examples=150, deadline=None)
 @given(regions=_regions_strategy(), data=st.data())
-def test_chunks_at_most_30_s_and_time_map_round_trips(regions, data):
-    chunks = vad.merge_chunks(regions, max_chunk_s=30)
-    assert all(0 < chunk.n_samples <= 30 * SAMPLE_RATE for chunk in chunks)
-    pieces = [r for chunk in chunks for r in chunk.regions]
-    assert pieces[0].start == regions[0].start and pieces[-1].end == regions[-1].end
-    assert sum(r.n_samples for r in pieces) == sum(r.n_samples for r in regions)  # every sample, once
-    assert all(a.end <= b.start for a, b in zip(pieces, pieces[1:], strict=False))
-    for chunk in chunks:
-        time = data.draw(st.floats(0, chunk.n_samples / SAMPLE_RATE))
-        original = chunk.original_time(time)
-        sample = original * SAMPLE_RATE
-        assert any(r.start - 1 <= sample <= r.end + 1 for r in chunk.regions)
-        assert chunk.time_map.speech_time(original) == pytest.approx(time, abs=1.5 / SAMPLE_RATE)
+def test_time_map_round_trips(regions, data):
+    time_map = vad.SpeechTimestampsMap(regions)
+    assert time_map.n_samples == sum(r.n_samples for r in regions)  # every sample, once
+    time = data.draw(st.floats(0, time_map.n_samples / SAMPLE_RATE))
+    original = time_map.original_time(time)
+    sample = original * SAMPLE_RATE
+    assert any(r.start - 1 <= sample <= r.end + 1 for r in regions)
+    assert time_map.speech_time(original) == pytest.approx(time, abs=1.5 / SAMPLE_RATE)
 
 
 @settings(max_examples=100, deadline=None)
 @given(regions=_regions_strategy(), data=st.data())
-def test_chunks_and_map_match_faster_whisper(regions, data):
-    """faster-whisper's collect_chunks groups regions of at most 30 s the same way, and its
-    SpeechTimestampsMap (rounded to 10 ms) gives the same original times."""
-    regions = [r for r in regions if r.n_samples <= 30 * SAMPLE_RATE] or [vad.SpeechRegion(0, SAMPLE_RATE)]
+def test_time_map_matches_faster_whisper(regions, data):
+    """faster-whisper's SpeechTimestampsMap (rounded to 10 ms) gives the same original times."""
     as_dicts = [{"start": r.start, "end": r.end} for r in regions]
-    audio = np.zeros(regions[-1].end, dtype=np.float32)
-    _, metadata = fw_vad.collect_chunks(audio, as_dicts, max_duration=30)
-    chunks = vad.merge_chunks(regions, max_chunk_s=30)
-    assert [chunk.n_samples / SAMPLE_RATE for chunk in chunks] == pytest.approx(
-        [m["duration"] for m in metadata]
-    )
-
     reference = fw_vad.SpeechTimestampsMap(as_dicts, SAMPLE_RATE)
     ours = vad.SpeechTimestampsMap(regions)
     time = data.draw(st.floats(0, ours.n_samples / SAMPLE_RATE))
@@ -403,17 +389,6 @@ def test_chunks_and_map_match_faster_whisper(regions, data):
     )
     if abs(time * SAMPLE_RATE - np.array(ours._filtered_ends)).min() > 1:  # off the boundaries: same region
         assert index == reference.get_chunk_index(time)
-
-
-def test_chunk_audio_is_its_regions(gapped, gapped_probabilities):
-    regions = vad.speech_regions(*gapped_probabilities, BATCHED_OPTIONS)
-    chunks = vad.merge_chunks(regions)
-    stream = open_audio(gapped.audio)
-    for chunk in chunks:
-        audio = chunk.read(stream)
-        assert len(audio) == chunk.n_samples <= 30 * SAMPLE_RATE
-        last = chunk.regions[-1]
-        np.testing.assert_array_equal(audio[-last.n_samples :], gapped.audio[last.start : last.end])
 
 
 def test_bad_options_are_one_line_errors():
@@ -431,8 +406,6 @@ def test_bad_options_are_one_line_errors():
             vad.VadOptions(**bad)
         assert "\n" not in str(err.value) and isinstance(err.value, ValueError)
     assert vad.VadOptions(threshold=np.float32(0.6), speech_pad_ms=np.int64(30)).speech_pad_ms == 30
-    with pytest.raises(OptionsError):
-        vad.merge_chunks([vad.SpeechRegion(0, 10)], max_chunk_s=0)
     with pytest.raises(OptionsError, match="VadOptions"):
         vad.speech_stream(np.zeros(SAMPLE_RATE, dtype=np.float32), {"threshold": 0.5})
 

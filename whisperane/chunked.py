@@ -23,7 +23,7 @@ from .decoding import decode_windows, detect_language
 from .model import EncodedWindow, WhisperaneModel
 from .options import TranscribeOptions
 from .tokenizer import Tokenizer
-from .transcribe import Transcription, TranscriptionResult, VoiceRegions, _result
+from .transcribe import Transcription, TranscriptionResult, _empty_result, _result
 from .vad import SpeechRegion, SpeechStream, VadOptions, default_vad, restore_timestamps, speech_regions
 
 BATCHED_VAD = {"max_speech_duration_s": 30.0}  # regions of at most 30 s: lanes are cut at their edges
@@ -57,11 +57,13 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
         probabilities, n_samples = default_vad().speech_probabilities(stream)
     regions = speech_regions(probabilities, n_samples, vad_options(options, batched=True))
     duration = n_samples / SAMPLE_RATE
+    if not regions:
+        return _empty_result(model, options, duration)
     lanes: list[Transcription] = []
     try:
         for run in lane_regions(regions, options.batch_size):
-            speech = SpeechStream(open_stream(), run, n_samples)
-            lanes.append(Transcription(model, speech, options, None, _voice(speech, probabilities, options)))
+            speech = SpeechStream(open_stream(), run, n_samples, probabilities)
+            lanes.append(Transcription.over_speech(model, speech, options, None))
         _run_lanes(model, lanes, options, lambda done: progress and progress(done * duration, duration))
     finally:
         for lane in lanes:
@@ -70,31 +72,21 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     for lane in lanes:
         restore_timestamps(lane.all_segments, lane.stream.time_map)
         segments.extend(lane.all_segments)
-    if not lanes:  # no speech: an empty transcript
-        tokenizer = model.tokenizer(options.language or "en", options.task)
-        return _result([], tokenizer, duration, None, options.word_timestamps)
     return _result(segments, lanes[0].tokenizer, duration, lanes[0].language_probs, options.word_timestamps)
-
-
-def _voice(speech: SpeechStream, probabilities: np.ndarray, options: TranscribeOptions) -> VoiceRegions | None:
-    speech.probabilities = probabilities  # the seek guard's voiced regions come from the same VAD pass
-    return VoiceRegions.of_speech(speech) if options.speech_guard else None
 
 
 def _run_lanes(model: WhisperaneModel, lanes: list[Transcription], options: TranscribeOptions,
                progress: Callable[[float], None]) -> None:  # fmt: skip
-    """Step every lane that has a window left: their windows encoded in one call, decoded greedily in one
-    call per token, then each finished by its own loop (fallback, words, seek)."""
-    begun = False
+    """Step every lane that has a window left: their windows encoded, decoded greedily in one call per token,
+    then each finished by its own loop (fallback, words, seek)."""
+    tokenizer = decoding = None
     while batch := [(lane, w) for lane in lanes if (w := lane.next_window()) is not None]:
         enc = _encode_each(model, [w.mel for _, w in batch])
-        if not begun:
+        if tokenizer is None:  # the first step: the language, from the first lane's first window
             tokenizer, language_probs = _language(model, enc, options)
             for lane in lanes:
                 lane.begin(tokenizer, language_probs)
-            begun = True
-        tokenizer = lanes[0].tokenizer
-        decoding = options.decoding(options.temperature[0], tokenizer.language, None, seed=0)
+            decoding = options.decoding(options.temperature[0], tokenizer.language, None, seed=0)
         results = decode_windows(model, enc, decoding, tokenizer, [lane.prompt for lane, _ in batch])
         for i, (lane, w) in enumerate(batch):
             lane.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])

@@ -10,6 +10,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from .errors import OptionsError, WhisperaneError
 from .model import EncodedWindow, WhisperaneModel
 from .options import TranscribeOptions
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the VAD module is imported where it is used (vad_filter, batched mode)
+    from .vad import SpeechStream
 
 
 @dataclass(frozen=True)
@@ -198,11 +202,9 @@ def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions
 
     with speech_stream(audio, vad_options(options, batched=False)) as stream:
         duration = stream.original_duration
-        if stream.n_samples == 0:  # no speech: an empty transcript
-            tokenizer = model.tokenizer(options.language or "en", options.task)
-            return _result([], tokenizer, duration, None, options.word_timestamps)
-        voice = VoiceRegions.of_speech(stream) if options.speech_guard else None
-        loop = Transcription(model, stream, options, progress, voice)
+        if stream.n_samples == 0:
+            return _empty_result(model, options, duration)
+        loop = Transcription.over_speech(model, stream, options, progress)
         loop.run_windows()
         restore_timestamps(loop.all_segments, stream.time_map)
         return _result(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)
@@ -306,6 +308,11 @@ def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
     return options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
 
 
+def _empty_result(model: WhisperaneModel, options: TranscribeOptions, duration: float) -> TranscriptionResult:
+    """The transcript of audio without speech: empty, not an error."""
+    return _result([], model.tokenizer(options.language or "en", options.task), duration, None, options.word_timestamps)
+
+
 def _result(segments: list[dict], tokenizer: Tokenizer, duration: float, language_probs, with_words: bool) -> TranscriptionResult:
     """The result of a whole file from its segments (in audio order)."""
     for i, s in enumerate(segments):
@@ -369,6 +376,13 @@ class Transcription:
         self.voice = voice  # what the seek guard asks whether a stretch holds voice (None: no guard)
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
         self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
+
+    @classmethod
+    def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
+                    progress: Callable[[float, float], None] | None) -> Transcription:  # fmt: skip
+        """The loop over a VAD's speech alone (vad_filter, a lane of batched mode), the seek guard asking the
+        voiced regions of the same VAD pass."""
+        return cls(model, stream, options, progress, VoiceRegions.of_speech(stream) if options.speech_guard else None)
 
     def run(self) -> TranscriptionResult:
         self.run_windows()

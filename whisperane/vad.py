@@ -10,9 +10,8 @@ kept). The wheel is fetched at first use with
 ``$WHISPERANE_VAD_MODEL`` names a copy of the file.
 
 :func:`get_speech_timestamps` follows faster-whisper's ``get_speech_timestamps`` (same options, defaults and
-state machine); :func:`merge_chunks` groups speech regions into chunks of at most 30 s (faster-whisper's
-``collect_chunks``) and :class:`SpeechTimestampsMap` puts times measured on speech-only audio back on the
-original audio. For the sequential loop with ``vad_filter``, :func:`speech_stream` presents only the speech
+state machine) and :class:`SpeechTimestampsMap` puts times measured on speech-only audio back on the original
+audio. For the sequential loop with ``vad_filter``, :func:`speech_stream` presents only the speech
 of an audio, read like an ``AudioStream`` in bounded memory, and :func:`restore_timestamps` puts the
 transcript's times back on the original audio (faster-whisper's ``restore_speech_timestamps``).
 """
@@ -26,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -515,68 +514,6 @@ class SpeechTimestampsMap:
         return (max(sample, region.start) - self._removed_before[index]) / self.sample_rate
 
 
-@dataclass(frozen=True)
-class SpeechChunk:
-    """Speech regions decoded together as one window of at most ``max_chunk_s``: their audio one after
-    another; chunk times map back to the original audio through :attr:`time_map`."""
-
-    regions: tuple[SpeechRegion, ...]
-
-    @property
-    def start(self) -> int:
-        return self.regions[0].start
-
-    @property
-    def end(self) -> int:
-        return self.regions[-1].end
-
-    @property
-    def n_samples(self) -> int:
-        return sum(region.n_samples for region in self.regions)
-
-    @cached_property
-    def time_map(self) -> SpeechTimestampsMap:
-        return SpeechTimestampsMap(self.regions)
-
-    def original_time(self, time: float, is_end: bool = False) -> float:
-        """The original-audio time of a time measured from the start of this chunk's audio."""
-        return self.time_map.original_time(time, is_end=is_end)
-
-    def read(self, stream: AudioStream) -> np.ndarray:
-        """The chunk's audio from ``stream`` (chunks must be read in order from a file stream)."""
-        return np.concatenate([stream.read(r.start, r.n_samples) for r in self.regions])
-
-
-def merge_chunks(regions: Sequence[SpeechRegion], max_chunk_s: float = 30.0) -> list[SpeechChunk]:
-    """Group consecutive regions into chunks of at most ``max_chunk_s`` of speech (faster-whisper's
-    ``collect_chunks``); a region longer than that is first cut into pieces of ``max_chunk_s``.
-
-    Run the VAD with ``max_speech_duration_s=30`` (as faster-whisper's batched pipeline does) so that long
-    speech is cut at silences rather than here.
-    """
-    max_samples = int(round(max_chunk_s * SAMPLE_RATE))
-    if max_samples < 1:
-        raise OptionsError(f"max_chunk_s must be positive, got {max_chunk_s}")
-    chunks: list[SpeechChunk] = []
-    current: list[SpeechRegion] = []
-    current_samples = 0
-    for piece in _pieces(regions, max_samples):
-        if current and current_samples + piece.n_samples > max_samples:
-            chunks.append(SpeechChunk(tuple(current)))
-            current, current_samples = [], 0
-        current.append(piece)
-        current_samples += piece.n_samples
-    if current:
-        chunks.append(SpeechChunk(tuple(current)))
-    return chunks
-
-
-def _pieces(regions: Sequence[SpeechRegion], max_samples: int) -> Iterator[SpeechRegion]:
-    for region in regions:
-        for start in range(region.start, region.end, max_samples):
-            yield SpeechRegion(start, min(start + max_samples, region.end))
-
-
 # --------------------------------------------------------------------------------------------------
 # the speech-only audio as a stream (sequential transcription with vad_filter)
 
@@ -600,6 +537,7 @@ class SpeechStream:
         reader: AudioStream,
         regions: Sequence[SpeechRegion],
         original_n_samples: int,
+        probabilities: np.ndarray | None = None,
         *,
         history_seconds: float = CHUNK_LENGTH,
     ):
@@ -617,9 +555,9 @@ class SpeechStream:
         self._buf = np.zeros(0, dtype=np.float32)
         self._buf_start = 0  # speech-only index of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
-        # The VAD's window probabilities over the original audio (speech_stream sets them): other region rules
-        # (vad.VOICED for the seek guard) are derived from them without a second VAD pass.
-        self.probabilities = np.zeros(0, dtype=np.float32)
+        # The VAD's window probabilities over the original audio, when known: other region rules (vad.VOICED for
+        # the seek guard) are derived from them without a second VAD pass.
+        self.probabilities = np.zeros(0, dtype=np.float32) if probabilities is None else probabilities
 
     @property
     def n_samples(self) -> int:
@@ -718,9 +656,7 @@ def speech_stream(
         raise
     if reader is not first and first is not source:
         first.close()
-    stream = SpeechStream(reader, regions, n_samples)
-    stream.probabilities = probabilities
-    return stream
+    return SpeechStream(reader, regions, n_samples, probabilities)
 
 
 # Restored times are rounded to 1 ms: finer than the 20 ms of Whisper's timestamps, and rounding never
