@@ -90,8 +90,8 @@ def test_shared_cross_attention_equals_copies(model, window):
 
 def test_windows_with_their_own_prompts_decode_as_alone(model):
     """decode_windows (batched mode's step): three windows side by side, two with previous-text prompts of
-    different lengths and one without (rows at different cache positions from the prompt call on, the longer
-    prompts padded and cut back), give each window's greedy decoding alone with its own prompt."""
+    different lengths and one without (rows at different cache positions from their prompts on), give each
+    window's greedy decoding alone with its own prompt."""
     from dataclasses import replace
 
     from whisperane.decoding import decode, decode_windows
