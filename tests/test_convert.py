@@ -85,7 +85,7 @@ DECODER_INPUTS = [
     "input_ids", "cache_length", "key_cache", "value_cache", "kv_cache_update_mask", "decoder_key_padding_mask",
     "encoder_attn_key_cache", "encoder_attn_value_cache",
 ]  # fmt: skip
-SEQUENCE_INPUTS = [n for n in DECODER_INPUTS if n != "kv_cache_update_mask"]
+SEQUENCE_INPUTS = [*(n for n in DECODER_INPUTS if n != "kv_cache_update_mask"), "logit_positions"]
 
 
 def torch_runner(module, names: list[str]):
@@ -131,7 +131,9 @@ def decode_teacher_forced(
             "encoder_attn_key_cache": enc_k,
             "encoder_attn_value_cache": enc_v,
         }
-        if not appending:
+        if appending:
+            feeds["logit_positions"] = np.zeros(1, np.int32)
+        else:
             feeds["kv_cache_update_mask"] = np.zeros((1, cache_length), np.float32)
             feeds["kv_cache_update_mask"][0, i] = 1.0
             padding[0, i] = 0.0
@@ -158,6 +160,7 @@ def sequence_feeds(
         "decoder_key_padding_mask": np.full((1, cache_length), MASK_VALUE, np.float32),
         "encoder_attn_key_cache": enc_k,
         "encoder_attn_value_cache": enc_v,
+        "logit_positions": np.arange(len(tokens), dtype=np.int32),
     }
 
 
@@ -331,6 +334,22 @@ def test_onnx_decoder_sequence_matches_torch(case):
         ref[1][0, :, 0],
         f"{case.name} TextDecoderSequence vs TextDecoder keys",
     )
+
+
+@pytest.mark.slow
+def test_onnx_decoder_sequence_projects_only_the_positions_asked_for(case):
+    """``logit_positions`` picks the rows of the logits (any order) and leaves the caches and alignment weights
+    as they are; none at all (a prompt, whose logits nothing reads) skips the vocabulary projection."""
+    feeds = sequence_feeds(case.tokens, case.enc_k, case.enc_v, case.info.cache_length)
+    session = case.session("TextDecoderSequence")
+    full = session.run(None, feeds)
+    last = len(case.tokens) - 1
+    picked = session.run(None, {**feeds, "logit_positions": np.array([last, 0], np.int32)})
+    np.testing.assert_allclose(picked[0][0], full[0][0, [last, 0]], rtol=1e-5, atol=1e-4)
+    none = session.run(None, {**feeds, "logit_positions": np.zeros(0, np.int32)})
+    assert none[0].shape == (1, 0, case.info.dims.n_vocab)
+    for a, b in zip(full[1:], none[1:], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions, table: TokenTable | None = None):

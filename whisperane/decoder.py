@@ -32,6 +32,8 @@ from .errors import ModelError
 from .executors import Component
 
 SHORT_SEQUENCE = 4  # up to this many tokens, ``forward`` runs single steps (measured: 4 steps < 1 call)
+LOGIT_POSITIONS = "logit_positions"  # TextDecoderSequence's input: which of the new tokens get logits
+ALL_POSITIONS = np.arange(4096, dtype=np.int32)  # sliced per call (read-only views, no allocation)
 
 
 @dataclass(frozen=True)
@@ -287,17 +289,28 @@ class OneHotDecoder(Decoder):
         sequence = self.sequence() if tokens.shape[1] > SHORT_SEQUENCE else None
         if sequence is None:  # a few tokens (a prefix after sot) cost less as single steps than as one call
             return super().forward(state, tokens, cross, need_logits)
-        return run_sequence(sequence, state, self._sequence_feeds(state, tokens, cross), need_logits)
+        feeds = self._sequence_feeds(state, tokens, cross)
+        return run_sequence(sequence, state, feeds, need_logits, selects_logits(sequence))
 
     def _sequence_feeds(self, state, tokens, cross) -> dict[str, np.ndarray]:
         return {"input_ids": tokens.astype(np.int32), "cache_length": state.lengths, **state.cache_feeds,
                 "decoder_key_padding_mask": state.padding, **cross.feeds}  # fmt: skip
 
 
-def run_sequence(component: Component, state: DecoderState, feeds: dict, need_logits: bool) -> tuple:
+def selects_logits(component: Component) -> bool:
+    """Whether a TextDecoderSequence takes ``logit_positions`` (bundles from converter revision 10 on); older
+    ones compute the logits of every position."""
+    return LOGIT_POSITIONS in component.inputs
+
+
+def run_sequence(component: Component, state: DecoderState, feeds: dict, need_logits: bool, selects: bool) -> tuple:
     """One multi-token call: the tokens' K/V are appended inside the graph and written to ``state``; without
-    ``need_logits`` the vocabulary projection (the larger part of the call) is not computed."""
-    state.check_room(feeds["input_ids"].shape[1])
+    ``need_logits`` the vocabulary projection (the larger part of the call) is not computed where the graph
+    ``selects`` the positions it projects."""
+    t = feeds["input_ids"].shape[1]
+    state.check_room(t)
+    if selects:
+        feeds[LOGIT_POSITIONS] = ALL_POSITIONS[:t] if need_logits else ALL_POSITIONS[:0]
     wanted = None if need_logits else ["key_cache_updates", "value_cache_updates"]
     out = component.run(feeds, wanted)
     state.write(out["key_cache_updates"], out["value_cache_updates"])
@@ -313,6 +326,7 @@ class AppendingDecoder(Decoder):
         super().__init__(layout, n_vocab)
         self.component = component
         self.table = table
+        self.selects = selects_logits(component)
 
     def _feeds(self, state, tokens, cross) -> dict[str, np.ndarray]:
         return {"input_ids": tokens.astype(np.int32), "token_embeddings": self.table.lookup(tokens),
@@ -320,11 +334,11 @@ class AppendingDecoder(Decoder):
                 **cross.feeds}  # fmt: skip
 
     def step(self, state, tokens, cross):
-        logits, align = run_sequence(self.component, state, self._feeds(state, tokens[:, None], cross), True)
+        logits, align = run_sequence(self.component, state, self._feeds(state, tokens[:, None], cross), True, self.selects)
         return logits[:, 0, :], align[:, :, 0]
 
     def forward(self, state, tokens, cross, need_logits=True):
-        return run_sequence(self.component, state, self._feeds(state, tokens, cross), need_logits)
+        return run_sequence(self.component, state, self._feeds(state, tokens, cross), need_logits, self.selects)
 
 
 class StatefulDecoder(OneHotDecoder):

@@ -106,7 +106,8 @@ def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
 
     masks = {n: t for n, t in ex.items() if n.endswith("_mask")}
     return {"input_ids": ex["input_ids"], "cache_length": ex["cache_length"], **split("key_cache"), **split("value_cache"),
-            **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache")}  # fmt: skip
+            **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache"),
+            **{n: t for n, t in ex.items() if n == "logit_positions"}}  # fmt: skip
 
 
 def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
@@ -121,12 +122,14 @@ def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, pa
     ex = decoder_example(dims, cache_length)
     del ex["kv_cache_update_mask"]
     ex["input_ids"] = torch.zeros(1, 3, dtype=torch.int32)
+    ex["logit_positions"] = torch.arange(3, dtype=torch.int32)
     if per_layer:
         ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
     dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
     dyn["input_ids"] = {0: "batch", 1: "tokens"}
+    dyn["logit_positions"] = {0: "positions"}
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
-    dyn.update({"logits": {0: "batch", 1: "tokens"}, "key_cache_updates": {0: "batch", 3: "tokens"},
+    dyn.update({"logits": {0: "batch", 1: "positions"}, "key_cache_updates": {0: "batch", 3: "tokens"},
                 "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 2: "tokens"}})  # fmt: skip
     return _export(module, tuple(ex.values()), path, list(ex), DECODER_OUTPUTS, dyn)
 

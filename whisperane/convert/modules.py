@@ -32,10 +32,15 @@ from ..dims import ModelDimensions
 # [B, H, Tq, Tk]. Return (out [B, H, Dh, Tq], weights [B, H, Tq, Tk] softmaxed).
 
 
+def head_scale(q: Tensor) -> float:
+    """1 / sqrt(Dh) as a constant: ``q.shape[2] ** -0.5`` would be traced into a Shape/Gather/Cast/Pow chain that
+    ONNX Runtime runs on every call."""
+    return float(int(q.shape[2]) ** -0.5)
+
+
 def sdpa_einsum(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """One batched product each way: the compact form for the one-token decoder."""
-    scale = q.shape[2] ** -0.5
-    scores = torch.matmul((q * scale).transpose(2, 3), k)  # [B, H, Tq, Tk]; scaling q is Tk/Dh times cheaper
+    scores = torch.matmul((q * head_scale(q)).transpose(2, 3), k)  # [B, H, Tq, Tk]; scaling q is Tk/Dh times cheaper
     if mask is not None:
         scores = scores + mask
     w = scores.softmax(dim=-1)
@@ -43,9 +48,20 @@ def sdpa_einsum(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[T
     return out, w
 
 
+def sdpa_cached(q: Tensor, cached: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """Attention over a cache and the new positions without concatenating them: ``cached`` and ``new`` are
+    (k, v, additive mask) each; the scores of both parts share one softmax. A concatenated [cache | new] K/V
+    would copy the whole fixed-length cache on every call (tiny.en at 8 rows: 44 MB a step)."""
+    (kc, vc, mc), (kn, vn, mn) = cached, new
+    qs = (q * head_scale(q)).transpose(2, 3)  # [B, H, T, Dh]
+    w = torch.cat([torch.matmul(qs, kc) + mc, torch.matmul(qs, kn) + mn], dim=3).softmax(dim=-1)
+    wc, wn = torch.split(w, [kc.shape[3], kn.shape[3]], dim=3)
+    return torch.matmul(vc, wc.transpose(2, 3)) + torch.matmul(vn, wn.transpose(2, 3))  # [B, H, Dh, T]
+
+
 def sdpa_split_heads(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """One product per head (ml-ane-transformers' split-einsum form): keeps every tensor rank-3 for the ANE."""
-    scale = q.shape[2] ** -0.5
+    scale = head_scale(q)
     outs, ws = [], []
     for h in range(q.shape[1]):
         s = torch.einsum("bdq,bdk->bqk", q[:, h], k[:, h]) * scale
@@ -330,21 +346,20 @@ class TextDecoderBase(nn.Module):
         return cache[:, layer * d : (layer + 1) * d]
 
     def run_blocks(
-        self, x: Tensor, self_kv, self_mask: Tensor, enc_k: Tensor, enc_v: Tensor
+        self, x: Tensor, self_attention, enc_k: Tensor, enc_v: Tensor
     ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Tensor]]:
-        """x [B, T, d] in this layout. ``self_kv(layer, k, v)`` takes this token's K/V in BC1S and returns the
-        full BC1S keys/values this layer attends over; the new K/V are returned in BC1S for the cache."""
+        """x [B, T, d] in this layout. ``self_attention(layer, q, k, v)`` takes the queries [B, H, Dh, T] and
+        the new tokens' K/V in BC1S and returns the attention output [B, H, Dh, T] over whatever the layer
+        attends to (a cache and the new tokens); the new K/V are returned in BC1S for the cache."""
         lay = self.layout
         new_k, new_v, align = [], [], []
         for i, block in enumerate(self.blocks):
             h = block.attn_ln(x)
-            q = block.attn.query(h)
+            q = heads(block.attn.query(h), block.n_head, lay)
             k, v = to_bc1s(block.attn.key(h), lay), to_bc1s(block.attn.value(h), lay)
             new_k.append(k)
             new_v.append(v)
-            k_all, v_all = self_kv(i, k, v)
-            o, _ = self.sdpa(heads(q, block.n_head, lay), split_heads(k_all, block.n_head), split_heads(v_all, block.n_head), self_mask)
-            x = x + block.attn.out(unheads(o, lay))
+            x = x + block.attn.out(unheads(self_attention(i, q, k, v), lay))
             h = block.cross_attn_ln(x)
             q = heads(block.cross_attn.query(h), block.n_head, lay)
             ek = split_heads(self.layer_slice(enc_k, i), block.n_head)
@@ -359,15 +374,17 @@ class TextDecoderBase(nn.Module):
         """Token + position embeddings [B, T, d] -> this layout."""
         return to_bc1s(x, "btc") if self.layout == "ane" else x
 
-    def logits(self, x: Tensor) -> Tensor:
-        """x in this layout -> [B, T, V] with the tied embedding.
+    def logits(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x in this layout -> [B, T, V] with the tied embedding; with ``positions`` [P], of those positions only.
 
         A 2-D ``linear`` exports as Gemm(transB=1) on the embedding initializer itself: a 3-D matmul against
         ``weight.t()`` would be constant-folded into a second, transposed copy of the largest tensor.
         """
         x = from_bc1s(x, "btc") if self.layout == "ane" else x  # [B, T, d]
-        b, t, d = x.shape
-        return F.linear(x.reshape(b * t, d), self.token_embedding.weight).reshape(b, t, -1)
+        if positions is not None:
+            x = x.index_select(1, positions.long())
+        # -1, not b * t: ONNX's Reshape reads a 0 (no positions) as "keep this dimension"
+        return F.linear(x.reshape(-1, x.shape[2]), self.token_embedding.weight).reshape(x.shape[0], -1, self.dims.n_vocab)
 
 
 class TextDecoder(TextDecoderBase):
@@ -389,11 +406,14 @@ class TextDecoder(TextDecoderBase):
         upd = kv_cache_update_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
         keep = 1.0 - upd
 
-        def self_kv(i: int, k: Tensor, v: Tensor):
-            return (self.layer_slice(key_cache, i) * keep + k * upd, self.layer_slice(value_cache, i) * keep + v * upd)
-
         mask = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
-        x, new_k, new_v, align = self.run_blocks(x, self_kv, mask, encoder_attn_key_cache, encoder_attn_value_cache)
+
+        def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            k_all = self.layer_slice(key_cache, i) * keep + k * upd
+            v_all = self.layer_slice(value_cache, i) * keep + v * upd
+            return self.sdpa(q, split_heads(k_all, self.dims.n_text_head), split_heads(v_all, self.dims.n_text_head), mask)[0]
+
+        x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache)
         logits = self.logits(x)  # [B, 1, V]
         weights = torch.cat(align, dim=1)  # each [B, 1, F] -> [B, A, F]
         return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
@@ -415,21 +435,25 @@ class TextDecoderSequence(TextDecoderBase):
         decoder_key_padding_mask: Tensor,  # [B, S]
         encoder_attn_key_cache: Tensor | list[Tensor],
         encoder_attn_value_cache: Tensor | list[Tensor],
+        logit_positions: Tensor | None = None,  # [P] int32: the positions whose logits are wanted (all if None)
     ):
         t = input_ids.shape[1]
         steps = torch.arange(t, device=input_ids.device).unsqueeze(0)
         pos = cache_length.long().unsqueeze(1) + steps  # [B, T]
         x = self.embed(self.token_embedding(input_ids.long()) + self.positional_embedding[pos])
         causal = torch.triu(torch.full((t, t), MASK_VALUE, dtype=x.dtype), diagonal=1)  # [T, T]
-        pad = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2).expand(-1, 1, t, -1)  # [B, 1, T, S]
-        mask = torch.cat([pad, causal.unsqueeze(0).unsqueeze(0).expand(pad.shape[0], 1, t, t)], dim=3)
+        pad = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
 
-        def self_kv(i: int, k: Tensor, v: Tensor):
-            return (torch.cat([self.layer_slice(key_cache, i), k], dim=3), torch.cat([self.layer_slice(value_cache, i), v], dim=3))
+        def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            n_head = self.dims.n_text_head
+            cached = (split_heads(self.layer_slice(key_cache, i), n_head), split_heads(self.layer_slice(value_cache, i), n_head), pad)
+            return sdpa_cached(q, cached, (split_heads(k, n_head), split_heads(v, n_head), causal))
 
-        x, new_k, new_v, align = self.run_blocks(x, self_kv, mask, encoder_attn_key_cache, encoder_attn_value_cache)
+        x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache)
         weights = torch.stack(align, dim=1)  # [B, A, T, F]
-        return self.logits(x), torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
+        # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
+        # nothing reads, cost half of the call (tiny.en, 217 tokens: 148 of ~300 ms) until it could be skipped.
+        return self.logits(x, logit_positions), torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
 
 
 class PerLayerInputs(nn.Module):
@@ -438,7 +462,8 @@ class PerLayerInputs(nn.Module):
     ONNX has no views: slicing the concatenated [B, d*L, 1, F] cross caches and [B, d*L, 1, S] self caches
     copies all of them on every step (24 MB a token for tiny.en). Per-layer inputs are views of the host's
     arrays, passed without a copy. Inputs: ``input_ids``, ``cache_length``, L key caches, L value caches, the
-    decoder's masks, L cross keys, L cross values; outputs unchanged (the updates stay concatenated).
+    decoder's masks, L cross keys, L cross values, ``logit_positions``; outputs unchanged (the updates stay
+    concatenated).
     """
 
     def __init__(self, decoder: TextDecoderBase):
@@ -450,8 +475,8 @@ class PerLayerInputs(nn.Module):
         n = self.n_layer
         ids, length = inputs[:2]
         keys, values = list(inputs[2 : 2 + n]), list(inputs[2 + n : 2 + 2 * n])
-        masks, cross = inputs[2 + 2 * n : -2 * n], inputs[-2 * n :]
-        return self.decoder(ids, length, keys, values, *masks, list(cross[:n]), list(cross[n:]))
+        masks, cross, positions = inputs[2 + 2 * n : -2 * n - 1], inputs[-2 * n - 1 : -1], inputs[-1]
+        return self.decoder(ids, length, keys, values, *masks, list(cross[:n]), list(cross[n:]), positions)
 
 
 # --- TextDecoderContextPrefill --------------------------------------------------------------------------
