@@ -623,6 +623,26 @@ def test_restored_times_on_region_boundaries():
     assert reference.get_original_time(2.9, reference.get_chunk_index((2.9 + 3.1) / 2)) == 9.9
 
 
+def test_words_across_removed_audio_stay_where_the_vad_hears_them():
+    """With the VAD's voiced windows, a word across removed audio is kept on the side where more of its
+    windows are voiced: regions [1, 3) and [10, 12) s (the word at 1.9-2.4 s of speech spans 2.9-10.4 s).
+    Voice at 10.2-11 s: the word starts at its first voiced window (10.208 s), not at 2.9 s; voice at
+    2.5-3 s only: it ends at the first region's end (3.0 s). Nothing voiced: unchanged."""
+    regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in ((1, 3), (10, 12))]
+    time_map = vad.SpeechTimestampsMap(regions)
+    window = vad.WINDOW_SAMPLES / SAMPLE_RATE
+    times = np.arange(12 * SAMPLE_RATE // vad.WINDOW_SAMPLES) * window
+
+    def restored(voiced_from: float, voiced_to: float) -> tuple[float, float]:
+        segments = [{"start": 1.9, "end": 2.4, "words": [{"word": " For", "start": 1.9, "end": 2.4}]}]
+        vad.restore_timestamps(segments, time_map, (times >= voiced_from) & (times < voiced_to))
+        return segments[0]["words"][0]["start"], segments[0]["words"][0]["end"]
+
+    assert restored(10.2, 11.0) == (pytest.approx(10.208, abs=1e-3), 10.4)
+    assert restored(2.5, 3.0) == (2.9, 3.0)
+    assert restored(0.0, 0.0) == (2.9, 10.4)
+
+
 def test_restored_corpus_words_come_back_to_the_clips(gapped, gapped_file_stream):
     """Each clip's reference words (or loud frames) inside kept audio, moved onto the speech-only timeline
     and restored, are back where they are in the gapped audio (to 1 ms), and where faster-whisper's

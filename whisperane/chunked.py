@@ -55,7 +55,8 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     """Batched mode over a source opened once for the VAD, then once per lane for its speech."""
     with open_stream() as stream:
         probabilities, n_samples = default_vad().speech_probabilities(stream)
-    regions = speech_regions(probabilities, n_samples, vad_options(options, batched=True))
+    vad = vad_options(options, batched=True)
+    regions = speech_regions(probabilities, n_samples, vad)
     duration = n_samples / SAMPLE_RATE
     if not regions:
         return _empty_result(model, options, duration)
@@ -68,9 +69,9 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     finally:
         for lane in lanes:
             lane.stream.close()
-    segments = []
+    segments, voiced = [], probabilities >= vad.threshold
     for lane in lanes:
-        restore_timestamps(lane.all_segments, lane.stream.time_map)
+        restore_timestamps(lane.all_segments, lane.stream.time_map, voiced)
         segments.extend(lane.all_segments)
     return _result(segments, lanes[0].tokenizer, duration, lanes[0].language_probs, options.word_timestamps)
 

@@ -200,13 +200,14 @@ def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions
     from .chunked import vad_options
     from .vad import restore_timestamps, speech_stream
 
-    with speech_stream(audio, vad_options(options, batched=False)) as stream:
+    vad = vad_options(options, batched=False)
+    with speech_stream(audio, vad) as stream:
         duration = stream.original_duration
         if stream.n_samples == 0:
             return _empty_result(model, options, duration)
         loop = Transcription.over_speech(model, stream, options, progress)
         loop.run_windows()
-        restore_timestamps(loop.all_segments, stream.time_map)
+        restore_timestamps(loop.all_segments, stream.time_map, stream.probabilities >= vad.threshold)
         return _result(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)
 
 
