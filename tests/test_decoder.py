@@ -88,10 +88,11 @@ def test_shared_cross_attention_equals_copies(model, window):
     np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-4)
 
 
-def test_windows_with_their_own_prompts_decode_as_alone(model):
+def test_windows_with_their_own_prompts_decode_as_alone(model, monkeypatch):
     """decode_windows (batched mode's step): three windows side by side, two with previous-text prompts of
     different lengths and one without (rows at different cache positions from their prompts on), give each
-    window's greedy decoding alone with its own prompt."""
+    window's greedy decoding alone with its own prompt. Rows leave the batch as they finish (each step runs
+    fewer rows; their cross K/V swapped into place), and the windows' cross K/V are back in order after."""
     from dataclasses import replace
 
     from whisperane.decoding import decode, decode_windows
@@ -103,7 +104,15 @@ def test_windows_with_their_own_prompts_decode_as_alone(model):
     prompts = [tok.encode(" He hoped there would be stew for dinner, turnips and carrots and bruised potatoes."),
                None, tok.encode(" Printing.")]  # fmt: skip
     options = DecodingOptions(language="en")
+    before = {k: v.copy() for k, v in enc.cross.feeds.items()}
+    rows, step = [], model.decoder.step
+    monkeypatch.setattr(model.decoder, "step", lambda state, tokens, cross: (rows.append(len(tokens)), step(state, tokens, cross))[1])
     together = decode_windows(model, enc, options, tok, prompts)
+    monkeypatch.undo()
+    batched = rows[rows.index(3) :]  # after the prompts, which run a row at a time
+    assert batched[-1] == 1 and batched == sorted(batched, reverse=True), rows
+    for name, value in before.items():
+        np.testing.assert_array_equal(enc.cross.feeds[name], value)
     for i, prompt in enumerate(prompts):
         alone = decode(model, enc.row(i), replace(options, prompt=prompt), tok)
         assert together[i].tokens == alone.tokens, names[i]

@@ -20,6 +20,7 @@ The state of a call (``DecoderState``) belongs to the call: one loaded model dec
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,6 +137,17 @@ class DecoderState:
         self.padding[row] = other.padding[other_row]
         self.lengths[row] = n
 
+    def first_rows(self, n: int) -> DecoderState | None:
+        """The first ``n`` rows as a state of their own: views of this state's arrays (no copy), so what a
+        call writes there is written here. None where an executor keeps the caches itself."""
+        view = copy.copy(self)
+        view.batch = n
+        view.keys, view.values = [c[:n] for c in self.keys], [c[:n] for c in self.values]
+        view.padding, view.update, view.lengths, view.rows = self.padding[:n], self.update[:n], self.lengths[:n], self.rows[:n]
+        view._spare = None
+        view.cache_feeds = view._feeds()
+        return view
+
     def select(self, rows: np.ndarray) -> None:
         """Reorder or duplicate rows (beams): the caches up to the longest row are gathered into a second set
         of buffers, allocated once, which then take the first set's place (no allocation per step)."""
@@ -212,6 +224,17 @@ class CrossAttention:
     def row(self, i: int) -> CrossAttention:
         """Window ``i`` of a batch, as a batch-1 view (no copy)."""
         return CrossAttention({k: v[i : i + 1] for k, v in self.feeds.items()}, 1)
+
+    def first_rows(self, n: int) -> CrossAttention:
+        """The first ``n`` windows, as views (no copy); a shared batch-1 K/V stays as it is."""
+        return self if self.batch == 1 else CrossAttention({k: v[:n] for k, v in self.feeds.items()}, n)
+
+    def swap_rows(self, i: int, j: int) -> None:
+        """Exchange windows ``i`` and ``j`` in place (a batch of one window per row)."""
+        for v in self.feeds.values():
+            row = v[i].copy()
+            v[i] = v[j]
+            v[j] = row
 
 
 def _concatenated(outputs: dict[str, np.ndarray], which: str, n_layer: int) -> np.ndarray:
@@ -461,6 +484,9 @@ class MLStateRows(DecoderState):
         self._store(caches)
         self.padding[row] = other.padding[other_row]
         self.lengths[row] = n
+
+    def first_rows(self, n: int) -> DecoderState | None:
+        return None  # the rows live in one MLState: finished rows stay in the batch, fed <|endoftext|>
 
     def select(self, rows: np.ndarray) -> None:
         """Reorder or duplicate rows (beams): read the caches, gather rows up to the longest, write back."""
