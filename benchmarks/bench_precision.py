@@ -62,8 +62,11 @@ def read_build(bundle: Path, compute_type: str, clips, long_files, threads: int)
 
 
 def time_differences(ours: list, theirs: list) -> list[float]:
-    """|start| and |end| differences (ms) of the words in the longest matching runs of the two word lists."""
-    a, b = [w[0] for w in ours], [w[0] for w in theirs]
+    """|start| and |end| differences (ms) of the words in the longest matching runs of the two word lists,
+    each word keyed by its 30 s stretch: the long files repeat their clips, and where two transcripts part
+    ways a run of one copy's words could otherwise be matched with another copy's, minutes away (one such
+    match gave a 95th percentile of 183 s)."""
+    a, b = [(w[0], int(w[1] // 30)) for w in ours], [(w[0], int(w[1] // 30)) for w in theirs]
     out: list[float] = []
     for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
         for i in range(block.size):
