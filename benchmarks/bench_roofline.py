@@ -394,7 +394,7 @@ class Limit:
 def decoder_limit(s: Shapes, rates: Rates, bandwidth: float, rows: int, tokens: int, logits: bool) -> Limit:
     """One int8 decoder call of rows x tokens. Compute: its MatMulNBits at the rate of the probe of nearest M
     among the compute-bound ones (M >= COMPUTE_M), attention at the encoder QK^T's float32 rate. Memory: the
-    weights (without the vocabulary projection when no logits are asked for: ONNX Runtime then skips it),
+    weights (without the vocabulary projection when no logits are asked for: the graph skips it, given no logit_positions),
     every row's whole self cache, the cross K/V once, at the DRAM bandwidth."""
     m = rows * tokens
     attention = m * s.decoder_attention_flops(tokens) / rates.attention
@@ -595,7 +595,7 @@ def print_decoder_work(s: Shapes, rates: Rates, bandwidths: tuple[float, float],
     items = [
         ("weights: all initializers of TextDecoderSequence.int8.onnx", s.decoder.weight_bytes),
         ("... of which the vocabulary projection (tied embedding: 8-bit + block scales)", s.decoder.vocab_bytes),
-        (f"self-attention K/V caches, whole (S = {s.cache}: the graph concatenates onto all of it)", s.self_cache_bytes),
+        (f"self-attention K/V caches, whole (S = {s.cache}: the step attends over every position, masked or not)", s.self_cache_bytes),
         (f"... the part filled at the run's mean step position ({position:.0f})", 2 * s.decoder_layers * s.d * position * FLOAT),
         (f"cross-attention K/V (float32 [1, {s.d}, 1, {s.frames}], K and V, {s.decoder_layers} layers)", s.cross_bytes),
     ]  # fmt: skip
@@ -623,7 +623,7 @@ def print_decoder_work(s: Shapes, rates: Rates, bandwidths: tuple[float, float],
                 "compute ms", "memory ms", "limit ms", "ORT kernels alone ms"], rows))  # fmt: skip
     emit(f"\nCompute: the MatMulNBits at the rate of the probe of nearest M among M >= {COMPUTE_M} (compute-bound), "
          "attention at the encoder QK^T's float32 rate. Memory: the bytes above at the DRAM bandwidth (without the "
-         "vocabulary projection when no logits are asked for: ONNX Runtime then skips it). The limit is the "
+         "vocabulary projection when no logits are asked for: the graph skips it, given no logit_positions). The limit is the "
          "larger. ORT kernels alone: the probes at the nearest M, small M included (what the kernels reach on "
          "their own, one call each).")  # fmt: skip
 
