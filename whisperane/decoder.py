@@ -34,7 +34,6 @@ from .executors import Component
 
 SHORT_SEQUENCE = 4  # up to this many tokens, ``forward`` runs single steps (measured: 4 steps < 1 call)
 LOGIT_POSITIONS = "logit_positions"  # TextDecoderSequence's input: which of the new tokens get logits
-ALL_POSITIONS = np.arange(4096, dtype=np.int32)  # sliced per call (read-only views, no allocation)
 
 
 @dataclass(frozen=True)
@@ -333,7 +332,7 @@ def run_sequence(component: Component, state: DecoderState, feeds: dict, need_lo
     t = feeds["input_ids"].shape[1]
     state.check_room(t)
     if selects:
-        feeds[LOGIT_POSITIONS] = ALL_POSITIONS[:t] if need_logits else ALL_POSITIONS[:0]
+        feeds[LOGIT_POSITIONS] = np.arange(t if need_logits else 0, dtype=np.int32)
     wanted = None if need_logits else ["key_cache_updates", "value_cache_updates"]
     out = component.run(feeds, wanted)
     state.write(out["key_cache_updates"], out["value_cache_updates"])

@@ -370,6 +370,11 @@ class TextDecoderBase(nn.Module):
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x), new_k, new_v, align
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """Self-attention of queries [B, H, Dh, T] over keys/values in BC1S, with an additive mask."""
+        n_head = self.dims.n_text_head
+        return self.sdpa(q, split_heads(k, n_head), split_heads(v, n_head), mask)[0]
+
     def embed(self, x: Tensor) -> Tensor:
         """Token + position embeddings [B, T, d] -> this layout."""
         return to_bc1s(x, "btc") if self.layout == "ane" else x
@@ -411,7 +416,7 @@ class TextDecoder(TextDecoderBase):
         def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k_all = self.layer_slice(key_cache, i) * keep + k * upd
             v_all = self.layer_slice(value_cache, i) * keep + v * upd
-            return self.sdpa(q, split_heads(k_all, self.dims.n_text_head), split_heads(v_all, self.dims.n_text_head), mask)[0]
+            return self.attend(q, k_all, v_all, mask)
 
         x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache)
         logits = self.logits(x)  # [B, 1, V]

@@ -15,7 +15,7 @@ import torch
 
 from ..audio import N_SAMPLES
 from ..bundle import MASK_VALUE
-from .modules import AudioEncoder, MelSpectrogram, TextDecoderSequence, split_heads
+from .modules import AudioEncoder, MelSpectrogram, TextDecoderSequence
 
 NOISE_LEVELS_DBFS = (-20, -30, -40, -50, -60, -70, -80, -90)
 
@@ -111,8 +111,7 @@ def _tree_kv(
     mask = tree.mask()
 
     def self_attention(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n_head = decoder.dims.n_text_head  # no cache: every position is among the new tokens
-        return decoder.sdpa(q, split_heads(k, n_head), split_heads(v, n_head), mask)[0]
+        return decoder.attend(q, k, v, mask)  # no cache: every position is among the new tokens
 
     _, keys, values, _ = decoder.run_blocks(x, self_attention, enc_k, enc_v)
     return torch.cat(keys, dim=1)[0, :, 0], torch.cat(values, dim=1)[0, :, 0]
