@@ -1,5 +1,5 @@
 """Word-level timestamps from the alignment heads' cross-attention (openai-whisper's timing.py in numpy,
-the DTW by dtw-python).
+the DTW dtw-python's ``symmetric1``, written in numpy).
 
 The TextDecoder returns, for every position it runs, the cross-attention of the alignment heads over
 the encoder frames (``alignment_heads_weights``, already softmaxed). A teacher-forced pass over
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .audio import INPUT_STRIDE, TOKENS_PER_SECOND
 from .decoding import logsumexp
@@ -63,17 +64,27 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     pad = filter_width // 2
     if filter_width == 1 or x.shape[-1] <= pad:
         return x
-    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
     n = x.shape[-1]
+    rows = x.reshape(-1, n)
+    padded = np.pad(rows, [(0, 0), (pad, pad)], mode="reflect")
+    out = np.empty_like(rows)
+    network = _median_network(filter_width)
     # The window's values as filter_width shifted lanes, sorted element-wise by odd-even transposition (a
-    # sorting network of min/max over whole arrays): the middle lane is the median, exactly. On [6, 80, 1500]
-    # weights 31 ms against 113 ms for np.partition over a sliding-window view, whose per-pixel selection of
-    # 7 values took 196 ms a window in a transcription, 78 % of word timing on the host.
-    lanes = [padded[..., i : i + n] for i in range(filter_width)]
-    for i, low, high in _median_network(filter_width):
-        a, b = lanes[i], lanes[i + 1]
-        lanes[i], lanes[i + 1] = np.minimum(a, b) if low else a, np.maximum(a, b) if high else b
-    return lanes[pad]
+    # sorting network of min/max over whole arrays): the middle lane is the median, exactly. Rows go through
+    # in blocks whose lanes stay in the core's cache (the ~30 intermediate arrays of a whole [6, 80, 1500]
+    # input each went through memory): 57 -> 15 ms for those weights, 99 -> 29 ms for [8, 120, 1500]. The
+    # whole-array version was itself 31 ms against 113 ms for np.partition over a sliding-window view.
+    for first in range(0, rows.shape[0], _MEDIAN_ROWS):
+        block = padded[first : first + _MEDIAN_ROWS]
+        lanes = [block[:, i : i + n] for i in range(filter_width)]
+        for i, low, high in network:
+            a, b = lanes[i], lanes[i + 1]
+            lanes[i], lanes[i + 1] = np.minimum(a, b) if low else a, np.maximum(a, b) if high else b
+        out[first : first + _MEDIAN_ROWS] = lanes[pad]
+    return out.reshape(x.shape)
+
+
+_MEDIAN_ROWS = 16  # 16 x 1500 float32 = 96 KB a lane: fastest of 4..64 rows on [6, 80, 1500] and [8, 120, 1500]
 
 
 @functools.lru_cache(maxsize=8)
@@ -94,27 +105,76 @@ def _median_network(width: int) -> list[tuple[int, bool, bool]]:
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic time warping over a [N, M] local-cost matrix; returns the path (text_indices, time_indices).
 
-    dtw-python's ``symmetric1`` step pattern (DESIGN.md §1): moves (1,1), (0,1), (1,0), each cell's cost
-    added once, the path from (0, 0) to (N-1, M-1) through every row and every column; rows are the
-    query (tokens), columns the reference (frames), as openai-whisper's ``dtw(-matrix)``. openai's
-    ``dtw_cpu`` and CTranslate2's ``negative_dtw`` (faster-whisper) find the same path except where
-    cumulative costs tie exactly: there dtw-python takes the first minimum in the order diagonal,
-    horizontal, vertical, and openai the diagonal or the vertical only if strictly smallest, else the
-    horizontal; openai also keeps the cumulative costs in float32, dtw-python in float64. On real
-    alignment matrices this gives identical word times (tests/test_timing.py counts the clips where it
-    does not; tests/dtw_reference.py holds openai's rule).
+    dtw-python's ``symmetric1`` step pattern (DESIGN.md §1), reproduced exactly: moves (1,1), (0,1), (1,0),
+    each cell's cost added once in float64, the path from (0, 0) to (N-1, M-1) through every row and every
+    column; where candidates tie, the first in the order diagonal, horizontal, vertical. Rows are the query
+    (tokens), columns the reference (frames), as openai-whisper's ``dtw(-matrix)``. openai's ``dtw_cpu`` and
+    CTranslate2's ``negative_dtw`` (faster-whisper) find the same path except where cumulative costs tie
+    exactly: openai takes the diagonal or the vertical only if strictly smallest, else the horizontal, and
+    keeps float32 sums. On real alignment matrices this gives identical word times (tests/test_timing.py
+    counts the clips where it does not; tests/dtw_reference.py holds openai's rule).
+
+    Written here rather than imported: dtw-python imports scipy.spatial (0.8 s of a 2.7 s tiny.en run on an
+    11 s file, and 143 MB of an install), and its cost-matrix kernel is the only part needed.
     """
     x = np.ascontiguousarray(cost, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"dtw needs a non-empty 2-D cost matrix, got shape {x.shape}")
     if not np.isfinite(x).all():
         raise ValueError("dtw cost matrix holds NaN or inf")
-    # Imported here: dtw-python imports scipy.spatial (~0.5-1.5 s), paid only once words are aligned.
-    from dtw import dtw as dtw_python
-    from dtw import symmetric1
+    moves = _cumulative_cost_moves(x)
+    return _backtrack(moves, *x.shape)
 
-    alignment = dtw_python(x, step_pattern=symmetric1)
-    return np.asarray(alignment.index1, dtype=np.int64), np.asarray(alignment.index2, dtype=np.int64)
+
+def _by_antidiagonal(x: np.ndarray) -> np.ndarray:
+    """[N, M] -> [N + M - 1, N]: row k holds the cells (i, k - i) of the anti-diagonal k, inf off the matrix."""
+    n, m = x.shape
+    width = m + 2 * (n - 1)
+    padded = np.full((n, width), np.inf)
+    padded[:, n - 1 : n - 1 + m] = x
+    # (i, k - i) is padded[i, k - i + n - 1]: flat offset n - 1 + k + i * (width - 1).
+    step = padded.itemsize
+    return as_strided(padded.reshape(-1)[n - 1 :], (n + m - 1, n), (step, (width - 1) * step)).copy()
+
+
+def _cumulative_cost_moves(x: np.ndarray) -> np.ndarray:
+    """The move that reached each cell at least cost, [N + M - 1, N] by anti-diagonal: 0 diagonal,
+    1 horizontal (from (i, j - 1)), 2 vertical (from (i - 1, j)).
+
+    One anti-diagonal at a time (every cell of one depends only on the two before it), each candidate summed
+    as dtw-python sums it (previous total + this cell's cost), so ties and rounding fall as there.
+    """
+    n, m = x.shape
+    local = _by_antidiagonal(x)
+    total = np.full((n + m, n + 1), np.inf)  # total[k + 1, i + 1]: cell (i, k - i); row 0 and column 0 are off
+    total[1, 1] = x[0, 0]
+    horizontal = np.zeros(local.shape, dtype=bool)
+    vertical = np.zeros(local.shape, dtype=bool)
+    diag, horiz, vert = np.empty(n), np.empty(n), np.empty(n)
+    before, last = total[0], total[1]
+    for k in range(1, n + m - 1):
+        here, best = local[k], total[k + 1, 1:]
+        np.add(before[:n], here, out=diag)
+        np.add(last[1:], here, out=horiz)
+        np.add(last[:n], here, out=vert)
+        np.less(horiz, diag, out=horizontal[k])
+        np.minimum(diag, horiz, out=best)
+        np.less(vert, best, out=vertical[k])
+        np.minimum(best, vert, out=best)
+        before, last = last, total[k + 1]
+    return np.where(vertical, 2, horizontal.view(np.int8))
+
+
+def _backtrack(moves: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    i, j = n - 1, m - 1
+    path_i, path_j = [i], [j]
+    while i > 0 or j > 0:
+        move = moves.item(i + j, i)
+        i -= move != 1
+        j -= move != 2
+        path_i.append(i)
+        path_j.append(j)
+    return np.array(path_i[::-1], dtype=np.int64), np.array(path_j[::-1], dtype=np.int64)
 
 
 def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot: int) -> np.ndarray:
