@@ -556,8 +556,8 @@ def print_probes(s: Shapes, rates: Rates, threads: int) -> None:
     emit(f"\n### GEMM throughput (ONNX Runtime, {threads} threads, best run)\n")
     emit("One-operation graphs at the model's shapes. int8: the encoder's DynamicQuantizeLinear + MatMulInteger "
          "+ scale pattern, which ONNX Runtime fuses into DynamicQuantizeMatMul (input quantization included; in "
-         "the encoder q, k and v share one quantization: MatMulIntegerToFloat); attention: the encoder runs these "
-         "as FusedMatMul (transposes folded in); nbits: the decoder's MatMulNBits; GB/s: weights "
+         "the encoder q, k and v share one quantization: MatMulIntegerToFloat); attention: the QK^T and AV products as "
+         "MatMuls (the encoder runs them inside ONNX Runtime's MultiHeadAttention, the decoder as FusedMatMul); nbits: the decoder's MatMulNBits; GB/s: weights "
          "(stored precision, with scales) and float32 input over the best time; cold: a 128 MiB read between "
          f"runs evicts the weights first. Times are net of one empty `session.run` ({1e6 * rates.overhead:.0f} us, "
          "an Identity graph).\n")  # fmt: skip

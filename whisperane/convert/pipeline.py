@@ -30,7 +30,7 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 10
+CONVERTER_REVISION = 11
 # Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
 # reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
 # the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one
@@ -134,9 +134,10 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     torch.set_grad_enabled(False)
     say("building torch modules")
     mel = modules.MelSpectrogram(dims.n_mels).eval()
-    # ONNX gets the BTC layout (MatMuls ONNX Runtime fuses and quantizes), Core ML the ANE layout.
+    # ONNX gets the BTC layout (MatMuls ONNX Runtime fuses and quantizes) and its fused encoder attention, Core ML
+    # the ANE layout.
     layout = "btc" if "onnx" in formats else "ane"
-    encoder = modules.build_encoder(ckpt, sdpa="chunked", layout=layout)
+    encoder = modules.build_encoder(ckpt, sdpa="mha" if layout == "btc" else "chunked", layout=layout)
     decoder = modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum", layout=layout)
     sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum", layout=layout)
 
