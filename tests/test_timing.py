@@ -262,10 +262,12 @@ def test_dtw_python_gives_openai_word_times_on_every_clip(monkeypatch, corpus_tr
 def test_median_filter_matches_scipy_reflect(width):
     from scipy.ndimage import median_filter as scipy_median
 
-    x = np.random.default_rng(width).standard_normal((3, 5, 50)).astype(np.float32)
+    # 3 x 7 = 21 rows: more than one of the filter's row blocks
+    x = np.random.default_rng(width).standard_normal((3, 7, 50)).astype(np.float32)
     # numpy/torch "reflect" (edge not repeated) is scipy's "mirror"
     want = scipy_median(x, size=(1, 1, width), mode="mirror")
     np.testing.assert_array_equal(median_filter(x, width), want)
+    np.testing.assert_array_equal(median_filter(x[0, 0], width), want[0, 0])
 
 
 def test_median_filter_leaves_inputs_shorter_than_half_width():
