@@ -87,6 +87,39 @@ def continue_after_prefix(
     return logits[0].numpy()
 
 
+def look_up_table(info: BundleInfo, prefix: list[int], clip: Clip, exact_k: np.ndarray):
+    """The bundle's TextDecoderContextPrefill for the clip's prefix: (K, V, and on a multilingual model the PSNR
+    of another language's K row against ``exact_k``, which must be low: the row looked up is this language's)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(
+        str(info.component_file("TextDecoderContextPrefill", "onnx")),
+        options,
+        providers=["CPUExecutionProvider"],
+    )
+
+    def look_up(language: int) -> list[np.ndarray]:
+        return session.run(None, {"task": np.array([0], np.int32), "language": np.array([language], np.int32)})  # 0: transcribe
+
+    table_k, table_v = look_up(prefix[1] if info.multilingual else info.special_tokens["sot"])
+    other_language_psnr = None
+    if info.multilingual:
+        other_k, _ = look_up(info.languages["de" if clip.language != "de" else "fr"])
+        other_language_psnr = psnr(exact_k, other_k)
+    return table_k, table_v, other_language_psnr
+
+
+def describe(name: str, result: PrefillMeasurement, n_rest: int) -> str:
+    other = result.other_language_psnr
+    return (
+        f"prefill {name} {result.clip}: K {result.key_psnr:.1f} dB, V {result.value_psnr:.1f} dB, "
+        f"worst layer {result.worst_layer_psnr:.1f} dB; logits after the prefix {result.logits_psnr:.1f} dB, "
+        f"greedy agreement {result.greedy_agreement:.0%} of {n_rest} tokens, "
+        f"first token {'same' if result.first_token_agrees else 'DIFFERENT'}"
+        + (f"; another language's row: K {other:.1f} dB" if other is not None else "")
+    )
+
+
 def measure_prefill(model: TorchWhisper, bundle: Path, clip: Clip, name: str) -> PrefillMeasurement:
     """Table prefill (the bundle's ONNX component) vs exact prefill with the clip's real encoder output."""
     info = BundleInfo.load(bundle)
@@ -101,26 +134,8 @@ def measure_prefill(model: TorchWhisper, bundle: Path, clip: Clip, name: str) ->
         model.sequence, prefix, 0, empty, empty, torch.full((1, s), MASK_VALUE), enc_k, enc_v
     )
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(
-        str(info.component_file("TextDecoderContextPrefill", "onnx")),
-        options,
-        providers=["CPUExecutionProvider"],
-    )
-    language = prefix[1] if info.multilingual else info.special_tokens["sot"]
-    task = 0  # transcribe
-    table_k, table_v = session.run(
-        None, {"task": np.array([task], np.int32), "language": np.array([language], np.int32)}
-    )
+    table_k, table_v, other_language_psnr = look_up_table(info, prefix, clip, exact_k.numpy())
     assert table_k.shape == tuple(exact_k.shape)
-    other_language_psnr = None
-    if info.multilingual:  # the row looked up must be this language's, not merely some row
-        other = info.languages["de" if clip.language != "de" else "fr"]
-        other_k, _ = session.run(
-            None, {"task": np.array([task], np.int32), "language": np.array([other], np.int32)}
-        )
-        other_language_psnr = psnr(exact_k.numpy(), other_k)
 
     d = info.dims.n_text_state
     layers = [
@@ -142,17 +157,7 @@ def measure_prefill(model: TorchWhisper, bundle: Path, clip: Clip, name: str) ->
         first_token_agrees=bool(exact_logits[0].argmax() == table_logits[0].argmax()),
         other_language_psnr=other_language_psnr,
     )
-    print(
-        f"prefill {name} {result.clip}: K {result.key_psnr:.1f} dB, V {result.value_psnr:.1f} dB, "
-        f"worst layer {result.worst_layer_psnr:.1f} dB; logits after the prefix {result.logits_psnr:.1f} dB, "
-        f"greedy agreement {result.greedy_agreement:.0%} of {len(rest)} tokens, "
-        f"first token {'same' if result.first_token_agrees else 'DIFFERENT'}"
-        + (
-            f"; another language's row: K {other_language_psnr:.1f} dB"
-            if other_language_psnr is not None
-            else ""
-        )
-    )
+    print(describe(name, result, len(rest)))
     return result
 
 
