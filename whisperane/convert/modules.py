@@ -111,9 +111,10 @@ class _MultiHeadAttention(torch.autograd.Function):
 def sdpa_mha(q: Tensor, k: Tensor, v: Tensor, n_head: int) -> Tensor:
     """ONNX Runtime's fused attention over the projections as they are (BTC [B, T, d], no mask, no weights),
     exported as one node: the ONNX encoder's. Its CPU kernel keeps the [H, 1500, 1500] scores out of memory;
-    the chunked MatMul/Softmax/MatMul form took twice as long per layer (tiny.en int8 encoder 610 -> 410 ms a
-    window, base 1150 -> 890 ms). Unlike the others it takes no head-split tensors: the head reshapes around it
-    were traced into shape arithmetic that cost 100 ms a window (EncoderBlock calls it before splitting)."""
+    the chunked MatMul/Softmax/MatMul form took ~1.8x as long per layer (int8 encoder a window, best of 7:
+    tiny.en 613 -> 419 ms, base 1201 -> 993 ms). Unlike the others it takes no head-split tensors: the head
+    reshapes around it were traced into shape arithmetic that cost ~100 ms a window (tiny.en), so EncoderBlock
+    calls it on the projections before any split."""
     return _MultiHeadAttention.apply(q, k, v, n_head)
 
 
