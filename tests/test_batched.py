@@ -86,6 +86,22 @@ def test_no_batched_word_starts_in_an_inserted_gap(results, gapped):
     assert not inside, inside
 
 
+def test_windows_encoded_one_call_each_fill_their_batch_rows(model, english_clips):
+    """Batched mode's encoder step: every row of the batch is bitwise the window encoded alone (the int8
+    encoder's activation scale is per call, so a row must never be computed beside others)."""
+    from whisperane.chunked import _encode_each
+
+    mels = [model.log_mel(clip.audio[: 30 * SAMPLE_RATE]) for clip in english_clips[:3]]
+    batch = _encode_each(model, mels)
+    assert batch.cross.batch == len(mels)
+    for i, mel in enumerate(mels):
+        alone = model.encode(mel)
+        np.testing.assert_array_equal(batch.embeds[i : i + 1], alone.embeds)
+        assert batch.cross.feeds.keys() == alone.cross.feeds.keys()
+        for name, value in alone.cross.feeds.items():
+            np.testing.assert_array_equal(batch.cross.feeds[name][i : i + 1], value)
+
+
 def test_five_minutes_of_silence_and_noise_give_no_text(model):
     rng = np.random.default_rng(3)
     minute = SAMPLE_RATE * 60

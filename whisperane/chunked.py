@@ -91,22 +91,35 @@ def _run_lanes(model: WhisperaneModel, lanes: list[Transcription], options: Tran
         results = decode_windows(model, enc, decoding, tokenizer, [lane.prompt for lane, _ in batch])
         for i, (lane, w) in enumerate(batch):
             lane.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
+        enc = results = None  # this batch's cross K/V go before the next batch is encoded, not after
         done = sum(min(lane.seek, lane.content_frames) for lane in lanes)
         progress(done / sum(lane.content_frames for lane in lanes))
 
 
 def _encode_each(model: WhisperaneModel, mels: list[np.ndarray]) -> EncodedWindow:
-    """The windows encoded one call each, then stacked as one batch for the decoder. The int8 encoder quantizes
-    its activations with one scale per call, so in a batched call a window's encoding would depend on the
-    windows beside it (the 10-minute file's WER moved 4.42 -> 4.15 % with nothing else changed); one call a
-    window gives every window the encoding the sequential loop gives it. The cost on the CPU is small or none
-    (tiny.en, 8 windows: 3.95 s / 427 MB peak RSS in one call against 3.77 s / 319 MB one by one in one
-    measurement, 418 against 485 ms a window in another)."""
-    encoded = [model.encode(mel) for mel in mels]
-    if len(encoded) == 1:
-        return encoded[0]
-    feeds = {name: np.concatenate([e.cross.feeds[name] for e in encoded]) for name in encoded[0].cross.feeds}
-    return EncodedWindow(np.concatenate([e.embeds for e in encoded]), CrossAttention(feeds, len(encoded)))
+    """The windows encoded one call each, into one batch for the decoder. The int8 encoder quantizes its
+    activations with one scale per call, so in a batched call a window's encoding would depend on the windows
+    beside it (the 10-minute file's WER moved 4.42 -> 4.15 % with nothing else changed); one call a window gives
+    every window the encoding the sequential loop gives it. The cost on the CPU is small or none (tiny.en, 8
+    windows: 3.95 s / 427 MB peak RSS in one call against 3.77 s / 319 MB one by one in one measurement, 418
+    against 485 ms a window in another).
+
+    Each window's outputs are copied into the batch's arrays as soon as it is encoded: every window's outputs
+    held until a concatenation at the end, beside that concatenation and the previous batch's, were three
+    copies of the cross K/V (base, 8 windows: 295 MB each) at the peak of batched mode."""
+    batch: EncodedWindow | None = None
+    for i, mel in enumerate(mels):
+        window = model.encode(mel)
+        if len(mels) == 1:
+            return window
+        if batch is None:
+            rows = lambda a: np.empty((len(mels), *a.shape[1:]), a.dtype)  # noqa: E731
+            cross = CrossAttention({name: rows(a) for name, a in window.cross.feeds.items()}, len(mels))
+            batch = EncodedWindow(rows(window.embeds), cross)
+        batch.embeds[i] = window.embeds[0]
+        for name, a in window.cross.feeds.items():
+            batch.cross.feeds[name][i] = a[0]
+    return batch
 
 
 def _language(model: WhisperaneModel, enc: EncodedWindow, options: TranscribeOptions) -> tuple[Tokenizer, dict | None]:
