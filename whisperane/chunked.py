@@ -107,11 +107,11 @@ def _encode_each(model: WhisperaneModel, mels: list[np.ndarray]) -> EncodedWindo
     Each window's outputs are copied into the batch's arrays as soon as it is encoded: every window's outputs
     held until a concatenation at the end, beside that concatenation and the previous batch's, were three
     copies of the cross K/V (base, 8 windows: 295 MB each) at the peak of batched mode."""
+    if len(mels) == 1:
+        return model.encode(mels[0])
     batch: EncodedWindow | None = None
     for i, mel in enumerate(mels):
         window = model.encode(mel)
-        if len(mels) == 1:
-            return window
         if batch is None:
             rows = lambda a: np.empty((len(mels), *a.shape[1:]), a.dtype)  # noqa: E731
             cross = CrossAttention({name: rows(a) for name, a in window.cross.feeds.items()}, len(mels))

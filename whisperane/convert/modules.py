@@ -10,13 +10,14 @@ Two internal layouts compute the same function:
 
 In both, the key projections carry no bias, the output projection reuses the token embedding, and the conv
 stem runs as Conv2d on [B, M, 1, T]. Attention is computed by an interchangeable implementation
-(:data:`SDPA_IMPLEMENTATIONS`) chosen per component with one argument.
+(:data:`SDPA_IMPLEMENTATIONS`) chosen per component with one argument; the encoder may also take ONNX Runtime's
+fused operator (``"mha"``, :func:`self_attention`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -108,18 +109,28 @@ class _MultiHeadAttention(torch.autograd.Function):
         return out
 
 
-def sdpa_mha(q: Tensor, k: Tensor, v: Tensor, n_head: int) -> Tensor:
-    """ONNX Runtime's fused attention over the projections as they are (BTC [B, T, d], no mask, no weights),
-    exported as one node: the ONNX encoder's. Its CPU kernel keeps the [H, 1500, 1500] scores out of memory;
-    the chunked MatMul/Softmax/MatMul form took ~1.8x as long per layer (int8 encoder a window, best of 7:
-    tiny.en 613 -> 419 ms, base 1201 -> 993 ms). Unlike the others it takes no head-split tensors: the head
-    reshapes around it were traced into shape arithmetic that cost ~100 ms a window (tiny.en), so EncoderBlock
-    calls it on the projections before any split."""
-    return _MultiHeadAttention.apply(q, k, v, n_head)
-
-
 SDPA_IMPLEMENTATIONS = {"einsum": sdpa_einsum, "split_heads": sdpa_split_heads, "chunked": sdpa_chunked,
-                        "fused": sdpa_fused, "mha": sdpa_mha}  # fmt: skip
+                        "fused": sdpa_fused}  # fmt: skip
+
+
+def self_attention(sdpa: str, n_head: int, layout: str) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """Self-attention as a function of the q, k, v projections in ``layout`` (the encoder's), output in ``layout``:
+    one of SDPA_IMPLEMENTATIONS between the head split and merge, or (``"mha"``, BTC only) ONNX Runtime's
+    MultiHeadAttention on the projections as they are, exported as one node. Its CPU kernel keeps the
+    [H, 1500, 1500] scores out of memory; the chunked MatMul/Softmax/MatMul form took ~1.8x as long per layer
+    (int8 encoder a window, best of 7: tiny.en 613 -> 419 ms, base 1201 -> 993 ms), and head reshapes around
+    the operator were traced into shape arithmetic that cost ~100 ms a window (tiny.en)."""
+    if sdpa == "mha":
+        if layout == "ane":
+            raise ValueError("mha is ONNX Runtime's operator, for the BTC layout")
+        return lambda q, k, v: _MultiHeadAttention.apply(q, k, v, n_head)
+    fn = SDPA_IMPLEMENTATIONS[sdpa]
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        o, _ = fn(*(heads(t, n_head, layout) for t in (q, k, v)), None)
+        return unheads(o, layout)
+
+    return attend
 
 
 # --- building blocks ------------------------------------------------------------------------------------
@@ -249,29 +260,25 @@ class MelSpectrogram(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    def __init__(self, d: int, n_head: int, sdpa, layout: str):
+    def __init__(self, d: int, n_head: int, sdpa: str, layout: str):
         super().__init__()
         self.attn = SelfAttentionProj(d, layout)
         self.attn_ln = layer_norm(d, layout)
         self.mlp = MLP(d, layout)
         self.mlp_ln = layer_norm(d, layout)
         self.n_head = n_head
-        self.sdpa = sdpa
         self.layout = layout
+        self.use_attention(sdpa)
+
+    def use_attention(self, sdpa: str) -> None:
+        self.sdpa = sdpa
+        self.attention = self_attention(sdpa, self.n_head, self.layout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.attn_ln(x)
         q, k, v = (p(h) for p in (self.attn.query, self.attn.key, self.attn.value))
         x = x + self.attn.out(self.attention(q, k, v))
         return x + self.mlp(self.mlp_ln(x))
-
-    def attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if self.sdpa is sdpa_mha:
-            if self.layout == "ane":
-                raise ValueError("sdpa_mha is ONNX Runtime's operator, for the BTC layout")
-            return sdpa_mha(q, k, v, self.n_head)
-        o, _ = self.sdpa(*(heads(t, self.n_head, self.layout) for t in (q, k, v)), None)
-        return unheads(o, self.layout)
 
 
 class AudioEncoder(nn.Module):
@@ -284,8 +291,7 @@ class AudioEncoder(nn.Module):
         self.conv1 = nn.Conv2d(dims.n_mels, d, kernel_size=(1, 3), padding=(0, 1))
         self.conv2 = nn.Conv2d(d, d, kernel_size=(1, 3), stride=(1, 2), padding=(0, 1))
         self.register_buffer("positional_embedding", torch.zeros(d, dims.n_audio_ctx))
-        fn = SDPA_IMPLEMENTATIONS[sdpa]
-        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head, fn, layout) for _ in range(dims.n_audio_layer))
+        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head, sdpa, layout) for _ in range(dims.n_audio_layer))
         self.ln_post = layer_norm(d, layout)
         # The decoder's cross-attention key/value projections, computed once per window here.
         self.cross_key = nn.ModuleList(projection(d, dims.n_text_state, layout, bias=False) for _ in range(dims.n_text_layer))
@@ -310,16 +316,16 @@ class AudioEncoder(nn.Module):
 
 @contextlib.contextmanager
 def attention(encoder: AudioEncoder, sdpa: str) -> Iterator[AudioEncoder]:
-    """``encoder`` computing its attention with another of SDPA_IMPLEMENTATIONS for a while, on the same weights
+    """``encoder`` computing its attention another way (:func:`self_attention`) for a while, on the same weights
     (a second encoder built for it would hold a second copy of them)."""
     saved = [block.sdpa for block in encoder.blocks]
     for block in encoder.blocks:
-        block.sdpa = SDPA_IMPLEMENTATIONS[sdpa]
+        block.use_attention(sdpa)
     try:
         yield encoder
     finally:
-        for block, fn in zip(encoder.blocks, saved, strict=True):
-            block.sdpa = fn
+        for block, name in zip(encoder.blocks, saved, strict=True):
+            block.use_attention(name)
 
 
 class PerLayerOutputs(nn.Module):
