@@ -38,6 +38,7 @@ class LongAudio:
     samples: np.ndarray
     clip_ids: tuple[str, ...]
     clip_starts: tuple[float, ...]  # seconds
+    clip_ends: tuple[float, ...]
 
     @property
     def duration(self) -> float:
@@ -103,6 +104,7 @@ def build_long_audio(seed: int, min_seconds: float = 60.0, max_seconds: float = 
     order = _clip_order(sorted(clips), rng, min_seconds, max_seconds, durations)
     pieces: list[np.ndarray] = []
     starts: list[float] = []
+    ends: list[float] = []
     position = 0
     for clip_id in order:
         gap = _gap(rng, noise_dbfs)
@@ -110,10 +112,12 @@ def build_long_audio(seed: int, min_seconds: float = 60.0, max_seconds: float = 
         starts.append((position + len(gap)) / SAMPLE_RATE)
         pieces += [gap, speech]
         position += len(gap) + len(speech)
+        ends.append(position / SAMPLE_RATE)
     pieces.append(_gap(rng, noise_dbfs))
     return LongAudio(
         long_audio_name(seed, noise_dbfs),
         np.concatenate(pieces).astype(np.float32),
         tuple(order),
         tuple(starts),
+        tuple(ends),
     )

@@ -10,7 +10,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -221,6 +221,16 @@ def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) ->
 # decoding skipped. Between the words of a good transcript there are at most 0.74 s (tiny.en, 602 s file: DTW
 # word edges and pauses the VAD still calls voice); the skips seen there held 9.5 s and 13.4 s.
 GUARD_MIN_SPEECH_FRAMES = 150
+
+
+class Resume(NamedTuple):
+    """Where the seek guard decodes again (``frame``), and where the voice it found without words ends
+    (``unheard_end``: the next word's start, or the seek): both in mel frames of the stream."""
+
+    frame: int
+    unheard_end: int
+
+
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
@@ -376,6 +386,7 @@ class Transcription:
         self.first_window: Window | None = None  # encoded for language detection, reused by the loop
         self.voice = voice  # what the seek guard asks whether a stretch holds voice (None: no guard)
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
+        self.window_end: int | None = None  # where the guard ends the next window (the unheard stretch alone)
         self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
 
     @classmethod
@@ -451,6 +462,9 @@ class Transcription:
                     self.seek = self.clips[self.clip_index][0]
                 continue
             size = min(N_FRAMES, self.content_frames - self.seek, clip_end - self.seek)
+            if self.window_end is not None and self.window_end > self.seek:
+                size = min(size, self.window_end - self.seek)
+            self.window_end = None
             first, self.first_window = self.first_window, None
             window = first if first is not None and self.seek == 0 and size == first.size else None
             window = window or Window(self.seek, size, *_read_window(self.model, self.stream, self.seek, size, self.file_peak, encode))
@@ -481,12 +495,19 @@ class Transcription:
                     self.seek = seek
                     return
         resume = self._resume_point(w, segments, seek)
-        if resume is not None:  # decoded again from there, without the prompt that may have led it astray
-            segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume + 1]
-            self.resumed.add(resume)
-        self._commit(w, result, segments, seek if resume is None else resume)
+        if resume is None:
+            self._commit(w, result, segments, seek)
+            return
+        # Decoded again from there, without the prompt that may have led it astray. Where that would be this very
+        # decoding (from the window's start, and no prompt to drop: a lane's or the file's first window), the
+        # unheard stretch is decoded alone, so that the decoding cannot jump over it again.
+        if resume.frame == w.seek and not self.prompt:
+            self.window_end = resume.unheard_end
+        segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
+        self.resumed.add(resume.frame)
+        self._commit(w, result, segments, resume.frame)
 
-    def _resume_point(self, w: Window, segments: list[dict], seek: int) -> int | None:
+    def _resume_point(self, w: Window, segments: list[dict], seek: int) -> Resume | None:
         """The seek guard: where to decode again (without the prompt) when GUARD_MIN_SPEECH_FRAMES of voiced
         audio between the window's start and the next seek produced no word (openai's rule would skip it: a
         decoding that stopped early on a timestamp, or jumped over speech): the end of the last segment before
@@ -501,7 +522,7 @@ class Transcription:
             ):
                 gap = w.seek + previous_end
                 ends = [round(s["end"] * FRAMES_PER_SECOND) for s in segments]
-                return max([w.seek, *(e for e in ends if e <= gap)])
+                return Resume(max([w.seek, *(e for e in ends if e <= gap)]), w.seek + gap_end)
             previous_end = max(previous_end, end)
         return None
 
