@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import sys
 import zipfile
 from dataclasses import dataclass
 
@@ -261,6 +262,34 @@ def test_probabilities_equal_faster_whisper_model(gapped, gapped_probabilities):
     probabilities, n_samples = gapped_probabilities
     assert n_samples == len(gapped.audio)
     np.testing.assert_allclose(probabilities[:-1], reference[: len(probabilities) - 1], rtol=0, atol=1e-4)
+
+
+def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, monkeypatch, tmp_path):
+    """The VAD runs the published graph with its 1-D convolutions rewritten as 2-D ones (vad_graph): no 1-D
+    convolution is left, and the published graph itself gives the same probabilities (the two tests above
+    check the rewritten one against silero-vad's streaming model and faster-whisper's); without the onnx
+    package the published graph is used as it is."""
+    import onnx
+
+    from whisperane.vad_graph import conv2d_variant
+
+    published = vad.silero_model_path()
+    rewritten = conv2d_variant(published)
+    assert rewritten != published and rewritten.is_file()
+    weights = {w.name: len(w.dims) for w in onnx.load(str(rewritten)).graph.initializer}
+    convs = [n for n in onnx.load(str(rewritten)).graph.node if n.op_type == "Conv"]
+    assert len(convs) >= 5 and all(weights[n.input[1]] == 4 for n in convs)
+    assert vad.default_vad()._session._model_path == str(rewritten)
+
+    reference = vad.SileroVad(model_path=published)
+    reference._session = vad._session(str(published), 1)
+    probabilities, _ = reference.speech_probabilities(gapped.audio)
+    np.testing.assert_allclose(gapped_probabilities[0], probabilities, rtol=0, atol=2e-5)
+
+    copy = tmp_path / published.name
+    copy.write_bytes(published.read_bytes())
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx raises ImportError
+    assert conv2d_variant(copy) == copy
 
 
 @pytest.mark.parametrize("options", [vad.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])

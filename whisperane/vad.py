@@ -37,6 +37,7 @@ from .audio import CHUNK_LENGTH, SAMPLE_RATE, AudioSource, AudioStream, open_aud
 from .bundle import hash_path
 from .convert.sources import _last_error_line, default_cache_dir
 from .errors import AudioError, ModelError, OptionsError
+from .vad_graph import conv2d_variant
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ class SileroVad:
         if self.windows_per_call < 1:
             raise OptionsError(f"windows_per_call must be at least 1, got {self.windows_per_call}")
         path = Path(self.model_path) if self.model_path is not None else silero_model_path(self.model)
-        self._session = _session(str(path), int(self.threads))
+        self._session = _session(str(conv2d_variant(path)), int(self.threads))
 
     def speech_probabilities(self, audio: AudioSource | AudioStream) -> tuple[np.ndarray, int]:
         """Speech probability of each 32 ms window (float32) and the number of samples scored.
