@@ -9,6 +9,8 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -38,7 +40,7 @@ def _ort():
     return onnxruntime
 
 
-def _optimized_cache_path(path: Path, ort) -> Path:
+def _optimized_cache_dir(path: Path, ort) -> Path:
     """Where the session's optimized graph is kept: per ONNX Runtime version and CPU (the optimized graph may
     use layouts specific to this processor), next to the component, named after its size and mtime so a
     rebuilt component never meets a stale cache."""
@@ -50,7 +52,10 @@ def _optimized_cache_path(path: Path, ort) -> Path:
         pass
     st = path.stat()
     key = hashlib.sha256(f"{ort.__version__}|{platform.machine()}|{flags}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return path.parent / ".ort-cache" / f"{path.stem}.{key}.ort"
+    return path.parent / ".ort-cache" / f"{path.stem}.{key}"
+
+
+CACHED_GRAPH, CACHED_WEIGHTS = "graph.onnx", "weights.data"
 
 
 _ARENA_LOCK = threading.Lock()
@@ -75,43 +80,65 @@ class OnnxComponent:
     """One ONNX Runtime session. Inputs are handed over as numpy arrays (no copy for contiguous CPU arrays).
 
     Graph optimization of a large model costs more than running it once: the first load saves the optimized
-    graph in ORT format (``.ort-cache/`` beside the component) and later loads map it directly.
+    graph (``.ort-cache/`` beside the component) with its weights in an external file, prepacked for this
+    CPU's kernels, and later loads map it as it is. Against a cached ORT-format graph, which repacks the
+    weights on every load (tiny.en int8 decoder: 270-290 ms, base 500 ms), that loads the tiny.en decoder in
+    160-200 ms with a 14 MB lower peak while loading, for twice the disk (68 MB against 32 MB).
     """
 
     def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None):
         ort = _ort()
         available = ort.get_available_providers()
         providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
-        cached = _optimized_cache_path(path, ort) if providers == ["CPUExecutionProvider"] else None
-        self.session = None
-        if cached is not None and cached.is_file():
-            opts = self._options(ort, threads)
-            opts.add_session_config_entry("session.load_model_format", "ORT")
-            try:
-                self.session = ort.InferenceSession(str(cached), opts, providers=providers)
-            except Exception:  # a damaged cache is rebuilt from the component below
-                self.session = None
+        cached = _optimized_cache_dir(path, ort) if providers == ["CPUExecutionProvider"] else None
+        self.session = self._open_cached(ort, cached, threads) if cached is not None else None
         if self.session is None:
-            opts = self._options(ort, threads)
-            tmp = None
-            if cached is not None:
-                try:
-                    cached.parent.mkdir(exist_ok=True)
-                    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-                    opts.optimized_model_filepath = str(tmp)
-                    opts.add_session_config_entry("session.save_model_format", "ORT")
-                except OSError:  # a read-only bundle: no cache
-                    tmp = None
-            try:
-                self.session = ort.InferenceSession(str(path), opts, providers=providers)
-            except Exception as e:  # onnxruntime raises its own exception types for bad files
-                raise ModelError(f"{path}: cannot load ONNX model ({str(e).splitlines()[0][:200]})") from None
-            if tmp is not None and tmp.is_file():
-                os.replace(tmp, cached)
+            self.session = self._open_and_cache(ort, path, cached, threads, providers)
         self.name = path.stem
         self.inputs = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
         self.outputs = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
         self._output_names = list(self.outputs)
+
+    @classmethod
+    def _open_cached(cls, ort, cached: Path, threads: int | None):
+        """The session from the saved optimized graph, as saved (no optimizer pass), or None."""
+        if not (cached / CACHED_GRAPH).is_file():
+            return None
+        opts = cls._options(ort, threads)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(str(cached / CACHED_GRAPH), opts, providers=["CPUExecutionProvider"])
+        except Exception:  # a damaged cache: removed, and rebuilt from the component
+            shutil.rmtree(cached, ignore_errors=True)
+            return None
+
+    @classmethod
+    def _open_and_cache(cls, ort, path: Path, cached: Path | None, threads: int | None, providers: list[str]):
+        """The session from the component, its optimized graph and prepacked weights saved in a directory that
+        is renamed into place whole (a concurrent loader sees all of it or nothing)."""
+        opts = cls._options(ort, threads)
+        work = None
+        if cached is not None:
+            try:
+                cached.parent.mkdir(exist_ok=True)
+                work = cached.with_name(f".{cached.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                work.mkdir()
+                opts.optimized_model_filepath = str(work / CACHED_GRAPH)
+                for key, value in (("session.optimized_model_external_initializers_file_name", CACHED_WEIGHTS),
+                                   ("session.optimized_model_external_initializers_min_size_in_bytes", "1024"),
+                                   ("session.save_external_prepacked_constant_initializers", "1")):  # fmt: skip
+                    opts.add_session_config_entry(key, value)
+            except OSError:  # a read-only bundle: no cache
+                work = None
+        try:
+            session = ort.InferenceSession(str(path), opts, providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for bad files
+            raise ModelError(f"{path}: cannot load ONNX model ({str(e).splitlines()[0][:200]})") from None
+        finally:
+            if work is not None:
+                _move_into_place(work, cached)
+                _drop_stale_caches(cached)
+        return session
 
     @staticmethod
     def _options(ort, threads: int | None):
@@ -228,3 +255,25 @@ def open_component(bundle: Path, rel: str, executor: str, threads: int | None, c
         return OnnxComponent(path, threads)
     compiled = path.with_suffix(".mlmodelc")  # compiled on macOS next to the package
     return CoreMLComponent(compiled if compiled.exists() else path, compute_units)
+
+
+def _move_into_place(work: Path, target: Path) -> None:
+    """Rename a finished cache directory to ``target``; drop it if another process got there first or the
+    session never wrote its graph."""
+    try:
+        if (work / CACHED_GRAPH).is_file() and not target.exists():
+            os.rename(work, target)
+    except OSError:  # lost a race: the other copy is the same
+        pass
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _drop_stale_caches(current: Path) -> None:
+    """Remove the ORT-format graphs that earlier versions of this cache wrote for the component (this version
+    never reads them; each is as large as the component). Caches for other keys stay: a models directory
+    shared by machines with other CPUs or ONNX Runtime versions keeps one for each."""
+    stem, _, _ = current.name.rpartition(".")
+    stale = re.compile(rf"{re.escape(stem)}\.[0-9a-f]{{16}}\.ort")
+    for entry in current.parent.iterdir():
+        if stale.fullmatch(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
