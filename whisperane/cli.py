@@ -342,5 +342,15 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> None:
+    """The console script: ``main``, then an exit that skips the interpreter's teardown (ONNX Runtime's
+    sessions, arenas and thread pools, every module's objects): ~0.1 s of an 11 s file's 1.8 s run (tiny.en).
+    Everything is written by then: outputs are fsynced and renamed into place, and the two streams flushed here."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
