@@ -7,7 +7,7 @@ convolutions over a height-1 image, with the first encoder layer's 129 input cha
 of the kernels' channel block, run the call in 33 ms (one thread); the probabilities move by at most 4e-7.
 
 The rewrite needs the ``onnx`` package (the build side's). Without it the model runs as published: the same
-probabilities to float rounding, only slower. The rewritten file is kept beside the published one.
+probabilities to float rounding, only slower. The rewritten file is cached by the source's sha256.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .bundle import hash_path
+
 CHANNEL_BLOCK = 16  # ONNX Runtime's NCHWc block with AVX-512 (8 with AVX2 divides it)
 
 
-def conv2d_variant(path: Path) -> Path:
-    """The rewritten copy of the Silero model at ``path`` (made on first use), or ``path`` itself when the
-    ``onnx`` package is not installed or the graph has nothing to rewrite."""
-    target = path.with_name(f"{path.stem}.conv2d.onnx")
-    if target.is_file() and target.stat().st_mtime_ns >= path.stat().st_mtime_ns:
+def conv2d_variant(path: Path, cache_dir: Path) -> Path:
+    """The rewritten copy of the Silero model at ``path``, made on first use in ``cache_dir`` under the source's
+    sha256 (a model named by the user is never written beside), or ``path`` itself when the ``onnx`` package is
+    not installed, the graph has nothing to rewrite or the cache cannot be written."""
+    target = cache_dir / f"{hash_path(path)[:16]}.conv2d.onnx"
+    if target.is_file():
         return target
     try:
         import onnx
@@ -36,6 +39,7 @@ def conv2d_variant(path: Path) -> Path:
         return path
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(tmp))
         os.replace(tmp, target)
     except OSError:  # a read-only cache: the published graph
