@@ -2,12 +2,13 @@
 inserted gaps of digital silence, low noise and music-like tones (test_vad's gapped audio, English clips,
 tiny.en int8).
 
-Not asserted (issue 11 stays open), measured on the corpus's gapped file (287 s, converter revision 10): batched
-WER 4.55 % (3 lanes) against 4.77 % for the sequential loop on the whole audio; the sequential loop over the
-VAD's speech alone (vad_filter) gives the same 4.55 % (revision 9: 5.23 % both, against 3.86 %). First words
-later than 0.3 s after their clip's onset in batched mode (up to +0.77 s: DTW on the speech-only timeline
-puts them after the 400 ms of padding). On the 609 s benchmark file (bench.build_long_file): batched 4.28 %,
-sequential 4.15 % (2026-12-01-lanes-after-decoder-graph.md).
+Not asserted (issue 11 stays open), measured on the corpus's gapped file (287 s, converter revision 11,
+2026-12-02): batched WER 4.55 % (3 lanes) against 5.00 % for the sequential loop on the whole audio with the seek
+guard and 9.32 % without; the sequential loop over the VAD's speech alone (vad_filter) gives the same 4.55 %
+(revision 10: 4.55 / 4.77 %; revision 9: 5.23 % both, against 3.86 %). First words later than 0.3 s after their
+clip's onset in batched mode (up to +0.77 s: DTW on the speech-only timeline puts them after the 400 ms of
+padding). On the 609 s benchmark file (bench.build_long_file): batched 4.28 %, sequential 3.94 %
+(2026-12-02-lanes-after-startup.md).
 """
 
 from __future__ import annotations
@@ -67,13 +68,13 @@ def wers(results, gapped, corpus_manifest) -> dict[str, float]:
 
 def test_seek_guard_recovers_speech_the_sequential_loop_skips(wers):
     """Measured on the corpus's gapped file: openai's seek rule alone 9.32 %, with the seek guard (the default)
-    4.77 % (converter revision 9: 8.86 and 3.86 %)."""
+    5.00 % (converter revision 10: 9.32 and 4.77 %; revision 9: 8.86 and 3.86 %)."""
     assert wers["guarded"] <= wers["sequential"]
 
 
 def test_lanes_side_by_side_cost_at_most_half_a_point(wers):
     """Lanes decoded side by side against the same loop over the speech as one lane (vad_filter): every lane
-    but the first starts without previous text (corpus gapped file: 4.55 % both; with chunks decoded
+    but the first starts without previous text (corpus gapped file, revision 11: 4.55 % both; with chunks decoded
     independently, before lanes, batched mode gave 12.73 %)."""
     assert wers["batched"] <= wers["vad_filter"] + 0.005
 
