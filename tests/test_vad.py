@@ -290,6 +290,18 @@ def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, 
     assert conv2d_variant(published, tmp_path) == published
 
 
+def test_damaged_rewritten_graph_falls_back_and_is_rebuilt():
+    vad._session.cache_clear()
+    vad.SileroVad()  # writes the rewritten graph if it is missing (or replaces a damaged one on the next load)
+    rewritten = vad.SileroVad()._session._model_path
+    assert rewritten.endswith(".conv2d.onnx")
+    with open(rewritten, "r+b") as f:
+        f.truncate(1000)
+    vad._session.cache_clear()  # as a new process: no session already open on the file
+    assert vad.SileroVad()._session._model_path == str(vad.silero_model_path())  # the published graph
+    assert vad.SileroVad()._session._model_path == rewritten  # rewritten again on the next load
+
+
 @pytest.mark.parametrize("options", [vad.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])
 def test_clips_give_faster_whisper_regions(gapped, options):
     """faster-whisper's own get_speech_timestamps (its model, its code) on each clip alone: the same regions,

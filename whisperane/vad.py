@@ -281,7 +281,14 @@ class SileroVad:
         if self.windows_per_call < 1:
             raise OptionsError(f"windows_per_call must be at least 1, got {self.windows_per_call}")
         path = Path(self.model_path) if self.model_path is not None else silero_model_path(self.model)
-        self._session = _session(str(conv2d_variant(path, default_vad_dir() / "conv2d")), int(self.threads))
+        rewritten = conv2d_variant(path, default_vad_dir() / "conv2d")
+        try:
+            self._session = _session(str(rewritten), int(self.threads))
+        except ModelError:
+            if rewritten == path:
+                raise
+            rewritten.unlink(missing_ok=True)  # a damaged cached rewrite: the published graph, rewritten next time
+            self._session = _session(str(path), int(self.threads))
 
     def speech_probabilities(self, audio: AudioSource | AudioStream) -> tuple[np.ndarray, int]:
         """Speech probability of each 32 ms window (float32) and the number of samples scored.
