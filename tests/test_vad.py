@@ -276,8 +276,9 @@ def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, 
     published = vad.silero_model_path()
     rewritten = conv2d_variant(published, vad.default_vad_dir() / "conv2d")
     assert rewritten != published and rewritten.is_file()
-    weights = {w.name: len(w.dims) for w in onnx.load(str(rewritten)).graph.initializer}
-    convs = [n for n in onnx.load(str(rewritten)).graph.node if n.op_type == "Conv"]
+    graph = onnx.load(str(rewritten)).graph
+    weights = {w.name: len(w.dims) for w in graph.initializer}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
     assert len(convs) >= 5 and all(weights[n.input[1]] == 4 for n in convs)
     assert vad.default_vad()._session._model_path == str(rewritten)
 

@@ -70,7 +70,7 @@ def _rewrite_convs(graph) -> int:
         nodes.append(helper.make_node("Unsqueeze", [node.input[0], "conv2d.axis"], [x]))
         pad = -w.shape[1] % CHANNEL_BLOCK if attrs.get("group", 1) == 1 and w.shape[1] > CHANNEL_BLOCK else 0
         if pad:  # zero channels in and zero weights for them: the same sums, and the blocked kernels apply
-            w = _zero_pad_axis1(w, pad)
+            w = np.pad(w, ((0, 0), (0, pad), (0, 0), (0, 0)))
             graph.initializer.append(numpy_helper.from_array(_int64([0, 0, 0, 0, 0, pad, 0, 0]), f"{x}.pads"))
             nodes.append(helper.make_node("Pad", [x, f"{x}.pads"], [f"{x}.padded"]))
             x = f"{x}.padded"
@@ -95,7 +95,3 @@ def _as_2d(attrs: dict) -> dict:
 
 def _int64(values: list[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
-
-
-def _zero_pad_axis1(w: np.ndarray, pad: int) -> np.ndarray:
-    return np.concatenate([w, np.zeros((w.shape[0], pad, *w.shape[2:]), w.dtype)], axis=1)
