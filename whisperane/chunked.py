@@ -24,7 +24,15 @@ from .model import EncodedWindow, WhisperaneModel
 from .options import TranscribeOptions
 from .tokenizer import Tokenizer
 from .transcribe import Transcription, TranscriptionResult, _empty_result, _result
-from .vad import SpeechRegion, SpeechStream, VadOptions, default_vad, restore_timestamps, speech_regions
+from .vad import (
+    WINDOW_SAMPLES,
+    SpeechRegion,
+    SpeechStream,
+    VadOptions,
+    default_vad,
+    restore_timestamps,
+    speech_regions,
+)
 
 BATCHED_VAD = {"max_speech_duration_s": 30.0}  # regions of at most 30 s: lanes are cut at their edges
 # A lane starts without previous text: lanes of at least two windows of speech keep that to a few windows
@@ -37,17 +45,42 @@ def vad_options(options: TranscribeOptions, batched: bool) -> VadOptions:
     return VadOptions(**values)
 
 
-def lane_regions(regions: Sequence[SpeechRegion], count: int) -> list[list[SpeechRegion]]:
+def lane_regions(regions: Sequence[SpeechRegion], count: int,
+                 pauses: Sequence[int] | None = None) -> list[list[SpeechRegion]]:  # fmt: skip
     """At most ``count`` runs of consecutive regions with about equal speech, each of MIN_LANE_SECONDS or more
-    where the speech allows (a region joins the run in whose share of the speech it starts)."""
+    where the speech allows. ``pauses[k]``: the silence (in VAD windows) between regions k and k + 1; a run then
+    ends at the longest pause within a quarter of a run's speech of its equal share (``pause_lengths``)."""
     total = sum(r.n_samples for r in regions) or 1
     count = max(1, min(count, int(total / SAMPLE_RATE // MIN_LANE_SECONDS)))
-    lanes: list[list[SpeechRegion]] = [[] for _ in range(count)]
-    before = 0
-    for region in regions:
-        lanes[min(count - 1, before * count // total)].append(region)
-        before += region.n_samples
-    return [lane for lane in lanes if lane]
+    before = np.cumsum([0, *(r.n_samples for r in regions)])  # before[k]: the speech ahead of region k
+    starts, share = [0], total / count
+    for j in range(1, count):
+        target, later = j * share, range(starts[-1] + 1, len(regions))
+        past_share = [k for k in later if before[k] >= target]
+        if not past_share:
+            break
+        near = [k for k in later if abs(before[k] - target) <= share / 4] if pauses is not None else []
+        starts.append(max(near, key=lambda k: (pauses[k - 1], -abs(before[k] - target))) if near else past_share[0])
+    return [list(regions[a:b]) for a, b in zip(starts, [*starts[1:], len(regions)], strict=True)]
+
+
+def pause_lengths(regions: Sequence[SpeechRegion], probabilities: np.ndarray, threshold: float) -> list[int]:
+    """The silence between each two neighbouring regions, in VAD windows below ``threshold`` around the point
+    between them: regions of at most 30 s split long speech at short pauses (often inside a sentence, and
+    their padding makes them touch), which is the worst place for a lane to start without the previous text
+    and for the lane before it to end (base, 609 s file: a line of a sonnet cut there came out twice)."""
+    loud = np.flatnonzero(np.asarray(probabilities) >= threshold)
+    lengths = []
+    for left, right in zip(regions[:-1], regions[1:], strict=True):
+        i = (left.end + right.start) // 2 // WINDOW_SAMPLES
+        after = np.searchsorted(loud, i)  # the first loud window at or after i
+        if after < len(loud) and loud[after] == i:
+            lengths.append(0)
+            continue
+        first_loud_after = loud[after] if after < len(loud) else len(probabilities)
+        last_loud_before = loud[after - 1] if after > 0 else -1
+        lengths.append(int(first_loud_after - last_loud_before - 1))
+    return lengths
 
 
 def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioStream], options: TranscribeOptions,
@@ -62,7 +95,7 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
         return _empty_result(model, options, duration)
     lanes: list[Transcription] = []
     try:
-        for run in lane_regions(regions, options.batch_size):
+        for run in lane_regions(regions, options.batch_size, pause_lengths(regions, probabilities, vad.threshold)):
             speech = SpeechStream(open_stream(), run, n_samples, probabilities)
             lanes.append(Transcription.over_speech(model, speech, options, None))
         _run_lanes(model, lanes, options, lambda done: progress and progress(done * duration, duration))
