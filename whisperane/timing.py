@@ -141,27 +141,27 @@ def _cumulative_cost_moves(x: np.ndarray) -> np.ndarray:
     """The move that reached each cell at least cost, [N + M - 1, N] by anti-diagonal: 0 diagonal,
     1 horizontal (from (i, j - 1)), 2 vertical (from (i - 1, j)).
 
-    One anti-diagonal at a time (every cell of one depends only on the two before it), each candidate summed
-    as dtw-python sums it (previous total + this cell's cost), so ties and rounding fall as there.
+    Each candidate is summed as dtw-python sums it (previous total + this cell's cost), so ties and rounding
+    fall as there. Only the totals need the anti-diagonal loop (every cell of one depends on the two before
+    it), and rounding is monotonic, so the least of the three sums is exactly the least previous total plus
+    the cell's cost: three array operations an anti-diagonal instead of seven (the DTW of 80 tokens over a full
+    window: 46 -> 35 ms). The moves are then found for all cells at once from the same sums.
     """
     n, m = x.shape
     local = _by_antidiagonal(x)
     total = np.full((n + m, n + 1), np.inf)  # total[k + 1, i + 1]: cell (i, k - i); row 0 and column 0 are off
     total[1, 1] = x[0, 0]
+    for k in range(1, n + m - 1):
+        best = total[k + 1, 1:]
+        np.minimum(total[k - 1, :n], total[k, 1:], out=best)
+        np.minimum(best, total[k, :n], out=best)
+        best += local[k]
+    here = local[1:]
+    diag, horiz, vert = total[: n + m - 2, :n] + here, total[1:-1, 1:] + here, total[1:-1, :n] + here
     horizontal = np.zeros(local.shape, dtype=bool)
     vertical = np.zeros(local.shape, dtype=bool)
-    diag, horiz, vert = np.empty(n), np.empty(n), np.empty(n)
-    before, last = total[0], total[1]
-    for k in range(1, n + m - 1):
-        here, best = local[k], total[k + 1, 1:]
-        np.add(before[:n], here, out=diag)
-        np.add(last[1:], here, out=horiz)
-        np.add(last[:n], here, out=vert)
-        np.less(horiz, diag, out=horizontal[k])
-        np.minimum(diag, horiz, out=best)
-        np.less(vert, best, out=vertical[k])
-        np.minimum(best, vert, out=best)
-        before, last = last, total[k + 1]
+    np.less(horiz, diag, out=horizontal[1:])
+    np.less(vert, np.minimum(diag, horiz), out=vertical[1:])
     return np.where(vertical, 2, horizontal.view(np.int8))
 
 
