@@ -83,9 +83,11 @@ def _cuts_at_pauses(before: np.ndarray, count: int, pauses: Sequence[int]) -> li
             gain = min(pauses[k - 1], GOOD_PAUSE) if k < n else 0
             first = int(np.searchsorted(before, before[k] - high, side="left"))
             last = int(np.searchsorted(before, before[k] - low, side="right"))
-            options = [(score + gain, min(longest, float(before[p] - before[k])), p)
-                       for p in range(first, min(last, k)) if p in best[-1]
-                       for score, longest, _ in (best[-1][p],)]  # fmt: skip
+            options = []
+            for p in range(first, min(last, k)):  # the runs ending at k whose speech is within the spread
+                if p in best[-1]:
+                    score, longest, _ = best[-1][p]
+                    options.append((score + gain, min(longest, float(before[p] - before[k])), p))
             if options:
                 row[k] = max(options)
         best.append(row)
