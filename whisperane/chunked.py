@@ -50,9 +50,9 @@ def lane_regions(regions: Sequence[SpeechRegion], count: int,
     """At most ``count`` runs of consecutive regions, each of MIN_LANE_SECONDS or more where the speech allows.
     ``pauses[k]``: the silence (VAD windows) between regions k and k + 1 (``pause_lengths``); with them the runs
     end at the longest pauses their lengths allow (``_cuts_at_pauses``), else at equal shares of the speech."""
-    total = sum(r.n_samples for r in regions) or 1
-    count = max(1, min(count, int(total / SAMPLE_RATE // MIN_LANE_SECONDS)))
     before = np.cumsum([0, *(r.n_samples for r in regions)])  # before[k]: the speech ahead of region k
+    total = int(before[-1]) or 1
+    count = max(1, min(count, int(total / SAMPLE_RATE // MIN_LANE_SECONDS)))
     starts = _cuts_at_pauses(before, count, pauses) if pauses is not None and count > 1 else None
     if starts is None:  # equal shares: a run begins with the first region at or past its share
         firsts = (int(np.searchsorted(before[:-1], j * total / count)) for j in range(count))
@@ -79,8 +79,8 @@ def _cuts_at_pauses(before: np.ndarray, count: int, pauses: Sequence[int]) -> li
     best: list[dict[int, tuple[int, float, int]]] = [{0: (0, 0.0, -1)}]  # best[j][k]: (score, -longest, previous)
     for j in range(1, count + 1):
         row: dict[int, tuple[int, float, int]] = {}
-        for k in range(j, n + 1) if j < count else (n,):
-            gain = min(pauses[k - 1], GOOD_PAUSE) if k < n else 0
+        for k in range(j, n) if j < count else (n,):  # where run j ends (the last run: at the end)
+            gain = min(pauses[k - 1], GOOD_PAUSE) if j < count else 0
             first = int(np.searchsorted(before, before[k] - high, side="left"))
             last = int(np.searchsorted(before, before[k] - low, side="right"))
             options = []
