@@ -31,11 +31,11 @@ CONFIGS = [
 
 
 class VadCalls:
-    """Counts the guard's VAD runs and their CPU time (wraps VoiceOnDemand.voiced_frames)."""
+    """Counts the guard's VAD runs and their CPU time (wraps VoiceOnDemand.voice)."""
 
     def __init__(self):
         self.module = importlib.import_module("whisperane.transcribe")
-        self.original = self.module.VoiceOnDemand.voiced_frames
+        self.original = self.module.VoiceOnDemand.voice
         self.calls: list[float] = []
         clock = self
 
@@ -46,7 +46,7 @@ class VadCalls:
             finally:
                 clock.calls.append(time.process_time() - t)
 
-        self.module.VoiceOnDemand.voiced_frames = counted
+        self.module.VoiceOnDemand.voice = counted
 
     def reset(self) -> None:
         self.calls = []

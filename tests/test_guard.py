@@ -53,6 +53,19 @@ def test_a_skip_inside_a_segment_resumes_at_that_segment_start_side():
     assert _resume(segments, 1200, [(0.0, 12.0)]) == (200, 800)
 
 
+def test_voice_after_silence_resumes_a_lead_in_before_the_voice():
+    """8.4 s of silence, then 3.3 s of voice the decoding jumped over, then words from 11.1 s: decoding again from
+    the window's start made tiny.en write a sentence three times into the silence (tests/data's gapped file);
+    the guard resumes GUARD_LEAD_IN_FRAMES before the voice, and the unheard voice still ends at the next word."""
+    segments = [_segment(11.14, 22.0)]
+    lead = transcribe_module.GUARD_LEAD_IN_FRAMES
+    assert _resume(segments, 2200, [(8.44, 11.71), (11.14, 22.0)]) == (844 - lead, 1114)
+    # never past the start of a segment it drops (voice late in a gap inside a segment): here the lead-in
+    # before that start falls before the last kept segment's end, so the resume stays there
+    segments = [_segment(0.0, 2.0), _segment(2.5, 12.0, [(2.5, 4.0), (9.5, 12.0)])]
+    assert _resume(segments, 1200, [(0.0, 4.0), (6.5, 12.0)]) == (200, 950)
+
+
 @pytest.mark.parametrize("voiced", [[(0.0, 4.0), (6.0, 8.0)], [(0.0, 4.0), (4.2, 4.2 + GUARD / FRAMES_PER_SECOND - 0.1)]])
 def test_pauses_and_short_voice_leave_the_seek_alone(voiced):
     """Silence between words, or less than GUARD_MIN_SPEECH_FRAMES of voice without words: openai's rule."""

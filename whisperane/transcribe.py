@@ -139,11 +139,19 @@ def _heard_frames(segments: list[dict], window_seek: int) -> list[tuple[int, int
     return spans
 
 
-class VoiceCheck:
-    """How many frames of a stretch of a window Silero VAD hears as voice (vad.VOICED), for the seek guard."""
+class Voice(NamedTuple):
+    """What Silero VAD hears in a stretch of a window: its voiced mel frames, and the first of them (from the
+    window's start; the stretch's end when there is none)."""
 
-    def voiced_frames(self, w: Window, start: int, end: int) -> int:
-        """Voiced mel frames in ``[start, end)`` of window ``w`` (frames from the window's start)."""
+    frames: int
+    onset: int
+
+
+class VoiceCheck:
+    """How much of a stretch of a window Silero VAD hears as voice (vad.VOICED), for the seek guard."""
+
+    def voice(self, w: Window, start: int, end: int) -> Voice:
+        """The voice in ``[start, end)`` of window ``w`` (frames from the window's start)."""
         raise NotImplementedError
 
 
@@ -156,19 +164,21 @@ class VoiceOnDemand(VoiceCheck):
     def __init__(self):
         self.unavailable = False
 
-    def voiced_frames(self, w, start, end):
+    def voice(self, w, start, end):
         from .vad import VOICED, default_vad, speech_regions
 
         if self.unavailable:
-            return 0
+            return Voice(0, end)
         try:
             vad = default_vad()
         except WhisperaneError as e:
             self.unavailable = True
             warnings.warn(f"speech guard off: {e}", stacklevel=2)
-            return 0
+            return Voice(0, end)
         probabilities, n_samples = vad.speech_probabilities(w.samples[start * HOP_LENGTH : end * HOP_LENGTH])
-        return sum(-(-r.n_samples // HOP_LENGTH) for r in speech_regions(probabilities, n_samples, VOICED))
+        regions = speech_regions(probabilities, n_samples, VOICED)
+        onset = start + regions[0].start // HOP_LENGTH if regions else end
+        return Voice(sum(-(-r.n_samples // HOP_LENGTH) for r in regions), onset)
 
 
 class VoiceRegions(VoiceCheck):
@@ -177,9 +187,10 @@ class VoiceRegions(VoiceCheck):
     def __init__(self, frames: list[tuple[int, int]]):
         self.frames = frames
 
-    def voiced_frames(self, w, start, end):
-        start, end = w.seek + start, w.seek + end
-        return sum(max(min(end, b) - max(start, a), 0) for a, b in self.frames)
+    def voice(self, w, start, end):
+        overlaps = [(max(w.seek + start, a), min(w.seek + end, b)) for a, b in self.frames]
+        overlaps = [(a, b) for a, b in overlaps if b > a]
+        return Voice(sum(b - a for a, b in overlaps), overlaps[0][0] - w.seek if overlaps else end)
 
     @classmethod
     def of_speech(cls, stream) -> VoiceRegions:
@@ -221,6 +232,11 @@ def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) ->
 # decoding skipped. Between the words of a good transcript there are at most 0.74 s (tiny.en, 602 s file: DTW
 # word edges and pauses the VAD still calls voice); the skips seen there held 9.5 s and 13.4 s.
 GUARD_MIN_SPEECH_FRAMES = 150
+# A resumed decoding starts this far ahead of the voice it found without words (when that is later than the last
+# kept segment's end): the stretch before holds no word and no voice, and a window that began with 8 s of digital
+# silence before the voice made tiny.en write a sentence three times into the silence. The lead-in covers the
+# VAD's late onsets (0.22 s after a clip's first fricative on the corpus).
+GUARD_LEAD_IN_FRAMES = 100
 
 
 class Resume(NamedTuple):
@@ -229,6 +245,16 @@ class Resume(NamedTuple):
 
     frame: int
     unheard_end: int
+
+
+def _resume_before(w: Window, segments: list[dict], gap_start: int, gap_end: int, onset: int) -> Resume:
+    """Where to decode again for voice without words in ``[gap_start, gap_end)`` (window frames) whose first
+    voiced frame is ``onset``: after the last segment that ends before the gap (the window's start if none), or
+    GUARD_LEAD_IN_FRAMES before the voice where that is later; never past the start of a segment that is
+    dropped to be decoded again."""
+    frame = max([w.seek, *(e for s in segments if (e := round(s["end"] * FRAMES_PER_SECOND)) <= w.seek + gap_start)])
+    dropped = [round(s["start"] * FRAMES_PER_SECOND) for s in segments if round(s["end"] * FRAMES_PER_SECOND) > frame]
+    return Resume(max(frame, min([w.seek + onset, *dropped]) - GUARD_LEAD_IN_FRAMES), w.seek + gap_end)
 
 
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
@@ -498,10 +524,11 @@ class Transcription:
         if resume is None:
             self._commit(w, result, segments, seek)
             return
-        # Decoded again from there, without the prompt that may have led it astray. Where that would be this very
-        # decoding (from the window's start, and no prompt to drop: a lane's or the file's first window), the
-        # unheard stretch is decoded alone, so that the decoding cannot jump over it again.
-        if resume.frame == w.seek and not self.prompt:
+        # Decoded again from there, without the prompt that may have led it astray. Where there was no prompt to
+        # drop (a lane's or the file's first window), that would be much the same decoding (from the window's start,
+        # or from a lead-in before the voice: it jumped over the same voice again), so the unheard stretch is
+        # decoded alone, and the decoding cannot jump over it again.
+        if not self.prompt:
             self.window_end = resume.unheard_end
         segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
         self.resumed.add(resume.frame)
@@ -517,12 +544,10 @@ class Transcription:
         previous_end = 0
         for start, end in [*sorted(_heard_frames(segments, w.seek)), (seek - w.seek, seek - w.seek)]:
             gap_end = min(max(start, previous_end), seek - w.seek)
-            if gap_end - previous_end >= GUARD_MIN_SPEECH_FRAMES and (
-                self.voice.voiced_frames(w, previous_end, gap_end) >= GUARD_MIN_SPEECH_FRAMES
-            ):
-                gap = w.seek + previous_end
-                ends = [round(s["end"] * FRAMES_PER_SECOND) for s in segments]
-                return Resume(max([w.seek, *(e for e in ends if e <= gap)]), w.seek + gap_end)
+            if gap_end - previous_end >= GUARD_MIN_SPEECH_FRAMES:
+                voice = self.voice.voice(w, previous_end, gap_end)
+                if voice.frames >= GUARD_MIN_SPEECH_FRAMES:
+                    return _resume_before(w, segments, previous_end, gap_end, voice.onset)
             previous_end = max(previous_end, end)
         return None
 
