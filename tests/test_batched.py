@@ -3,8 +3,8 @@ inserted gaps of digital silence, low noise and music-like tones (test_vad's gap
 tiny.en int8).
 
 Not asserted (issue 11 stays open), measured on the corpus's gapped file (287 s, converter revision 11,
-2026-12-02): batched WER 4.55 % (3 lanes) against 4.77 % (5.00 % before the guard's lead-in) for the sequential loop on the whole audio with the seek
-guard and 9.32 % without; the sequential loop over the VAD's speech alone (vad_filter) gives the same 4.55 %
+2026-12-02): batched WER 4.55 % (3 lanes) against 4.77 % (5.00 % before the guard's lead-in) for the sequential
+loop on the whole audio with the seek guard and 9.32 % without; the sequential loop over the VAD's speech alone (vad_filter) gives the same 4.55 %
 (revision 10: 4.55 / 4.77 %; revision 9: 5.23 % both, against 3.86 %). First words later than 0.3 s after their
 clip's onset in batched mode (up to +0.77 s: DTW on the speech-only timeline puts them after the 400 ms of
 padding). On the 609 s benchmark file (bench.build_long_file): batched 4.69 %, sequential 3.94 %

@@ -252,8 +252,9 @@ def _resume_before(w: Window, segments: list[dict], gap_start: int, gap_end: int
     voiced frame is ``onset``: after the last segment that ends before the gap (the window's start if none), or
     GUARD_LEAD_IN_FRAMES before the voice where that is later; never past the start of a segment that is
     dropped to be decoded again."""
-    frame = max([w.seek, *(e for s in segments if (e := round(s["end"] * FRAMES_PER_SECOND)) <= w.seek + gap_start)])
-    dropped = [round(s["start"] * FRAMES_PER_SECOND) for s in segments if round(s["end"] * FRAMES_PER_SECOND) > frame]
+    ends = [round(s["end"] * FRAMES_PER_SECOND) for s in segments]
+    frame = max([w.seek, *(e for e in ends if e <= w.seek + gap_start)])
+    dropped = [round(s["start"] * FRAMES_PER_SECOND) for s, e in zip(segments, ends, strict=True) if e > frame]
     return Resume(max(frame, min([w.seek + onset, *dropped]) - GUARD_LEAD_IN_FRAMES), w.seek + gap_end)
 
 
