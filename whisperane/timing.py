@@ -66,9 +66,8 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
         return x
     n = x.shape[-1]
     rows = x.reshape(-1, n)
-    padded = np.pad(rows, [(0, 0), (pad, pad)], mode="reflect")
-    if n % 2:  # one more column, so the last pair's second window exists (its output is dropped)
-        padded = np.concatenate([padded, padded[:, -1:]], axis=1)
+    # An odd length gets one more column, so the last pair's second window exists (its output is dropped).
+    padded = np.pad(rows, [(0, 0), (pad, pad + n % 2)], mode="reflect")
     pairs = (n + 1) // 2
     out = np.empty((rows.shape[0], 2 * pairs), dtype=rows.dtype)
     network = _middle_pair_network(filter_width - 1)
