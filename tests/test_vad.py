@@ -695,6 +695,27 @@ def test_words_across_removed_audio_stay_where_the_vad_hears_them():
     assert restored(0.0, 0.0) == (2.9, 10.4)
 
 
+def test_start_in_a_padded_head_after_removed_audio_moves_to_the_voice():
+    """A word starting in a region's head before its first voiced window, where audio was removed before the
+    region, starts at that window (worked out by hand: regions [1, 3) and [10, 12) s, voice from 1.2 and from
+    10.2 s: first voiced windows at 1.216 and 10.208 s). A word that ends before the voice, or a region at the
+    audio's start (nothing removed before it), keeps DTW's start."""
+    window = vad.WINDOW_SAMPLES / SAMPLE_RATE
+    times = np.arange(12 * SAMPLE_RATE // vad.WINDOW_SAMPLES) * window
+    voiced = ((times >= 1.2) & (times < 3)) | (times >= 10.2)
+
+    def restored(region_bounds, start: float, end: float) -> tuple[float, float]:
+        regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in region_bounds]
+        segments = [{"start": start, "end": end, "words": [{"word": " For", "start": start, "end": end}]}]
+        vad.restore_timestamps(segments, vad.SpeechTimestampsMap(regions), voiced)
+        return segments[0]["words"][0]["start"], segments[0]["words"][0]["end"]
+
+    assert restored(((1, 3), (10, 12)), 2.05, 2.4) == (pytest.approx(10.208, abs=1e-3), 10.4)
+    assert restored(((1, 3), (10, 12)), 0.1, 0.5) == (pytest.approx(1.216, abs=1e-3), 1.5)
+    assert restored(((1, 3), (10, 12)), 2.05, 2.1) == (10.05, 10.1)
+    assert restored(((0, 3), (10, 12)), 1.1, 1.5) == (1.1, 1.5)
+
+
 def test_restored_corpus_words_come_back_to_the_clips(gapped, gapped_file_stream):
     """Each clip's reference words (or loud frames) inside kept audio, moved onto the speech-only timeline
     and restored, are back where they are in the gapped audio (to 1 ms), and where faster-whisper's
