@@ -2,13 +2,20 @@
 inserted gaps of digital silence, low noise and music-like tones (test_vad's gapped audio, English clips,
 tiny.en int8).
 
-Not asserted (issue 11 stays open), measured on the corpus's gapped file (287 s, converter revision 11,
-2026-12-02): batched WER 4.55 % (3 lanes) against 4.77 % (5.00 % before the guard's lead-in) for the sequential
-loop on the whole audio with the seek guard and 9.32 % without; the sequential loop over the VAD's speech alone (vad_filter) gives the same 4.55 %
-(revision 10: 4.55 / 4.77 %; revision 9: 5.23 % both, against 3.86 %). First words later than 0.3 s after their
-clip's onset in batched mode (up to +0.77 s: DTW on the speech-only timeline puts them after the 400 ms of
-padding). On the 609 s benchmark file (bench.build_long_file): batched 4.69 %, sequential 3.94 %
-(2026-12-02-lanes-after-lane-cuts.md; 4.08-5.57 % over five such files, 2026-12-02-lane-cuts.md).
+Measured on the corpus's three gapped files (287 s each, gap draws 5, 1, 2, converter revision 11,
+2026-12-02, AMD EPYC), pooled WER: batched 4.77 % (3-4 lanes a file), the sequential loop on the whole audio
+with the seek guard 5.76 % and without it 7.27 %, the sequential loop over the VAD's speech alone
+(vad_filter) 4.92 %. Per file, batched against the guarded loop moves by -1.8 to +0.7 points (draw 5: -0.22
+on AMD EPYC, +0.68 on an Intel Xeon): one file alone is too few words for a half-point bound.
+
+Not asserted (issue 11 stays open): on seven 840-870 s gapped files (every English clip three times, in
+three orders, tiny.en, 8 lanes), batched mode was on average 0.21 points above the guarded loop (-1.13 to
++1.44; beyond +0.5 on three of seven) and 0.46 above vad_filter (0 to +0.99): lanes cost there. First words
+later than 0.3 s after their clip's start in batched mode (27 of 54 clips, up to +0.82 s, as vad_filter;
+the whole-audio loop: 8): DTW on the speech-only timeline puts them after the 400 ms of padding, and a
+start in a padded head is moved to the VAD's onset (vad._start_after_cut). On the 609 s benchmark file
+(bench.build_long_file): batched 4.69 %, sequential 3.94 % (2026-12-02-lanes-after-lane-cuts.md; 4.08-5.57 %
+over five such files, 2026-12-02-lane-cuts.md).
 """
 
 from __future__ import annotations
@@ -34,54 +41,63 @@ def english_clips():
             and c.name not in ("es", "de", "test_es", "test_de")]  # fmt: skip
 
 
+# Three draws of the gaps (and so of where every window and lane falls): on one 287 s file the modes' WERs
+# move by a few words with the CPU's arithmetic alone (seed 5, batched against the default loop: 4.55 against
+# 4.77 % on AMD EPYC, 5.23 against 4.55 % on an Intel Xeon), more than half of the bound below; the three
+# files' pooled WER is what the bounds are asserted on.
+GAP_SEEDS = (5, 1, 2)
+
+
 @pytest.fixture(scope="module")
 def gapped(english_clips):
-    return _gapped_audio(english_clips, seed=5)
+    return [_gapped_audio(english_clips, seed=seed) for seed in GAP_SEEDS]
 
 
 @pytest.fixture(scope="module")
 def results(model, gapped):
-    return {
-        "sequential": model.transcribe(gapped.audio, speech_guard=False),  # openai's seek rule alone
-        "batched": model.transcribe(gapped.audio, batch_size=8),
-        "vad_filter": model.transcribe(gapped.audio, vad_filter=True),  # one lane: the same loop, not side by side
-        "guarded": model.transcribe(gapped.audio),  # the default: with the seek guard
+    modes = {
+        "sequential": {"speech_guard": False},  # openai's seek rule alone
+        "batched": {"batch_size": 8},
+        "vad_filter": {"vad_filter": True},  # one lane: the same loop, not side by side
+        "guarded": {},  # the default: with the seek guard
     }
+    return {mode: [model.transcribe(g.audio, **options) for g in gapped] for mode, options in modes.items()}
 
 
-def _wer(reference: str, hypothesis: str) -> float:
-    import jiwer
+def _normalized(text: str) -> str:
     from whisper_normalizer.english import EnglishTextNormalizer
 
-    norm = EnglishTextNormalizer()
-    return jiwer.wer(norm(reference), norm(hypothesis))
+    return EnglishTextNormalizer()(text)
 
 
 @pytest.fixture(scope="module")
 def wers(results, gapped, corpus_manifest) -> dict[str, float]:
+    """Each mode's WER over the three files together (their errors over their words)."""
+    import jiwer
+
     texts = {e["id"]: e["text"] for e in corpus_manifest}
-    reference = " ".join(texts.get(clip.name, "") for _, clip in gapped.clips)
-    wers = {mode: _wer(reference, r.text) for mode, r in results.items()}
-    print("WER on the gapped file:", {m: f"{100 * w:.2f} %" for m, w in wers.items()})
+    references = [_normalized(" ".join(texts.get(clip.name, "") for _, clip in g.clips)) for g in gapped]
+    wers = {mode: jiwer.wer(references, [_normalized(r.text) for r in rs]) for mode, rs in results.items()}
+    print("WER on the gapped files:", {m: f"{100 * w:.2f} %" for m, w in wers.items()})
     return wers
 
 
 def test_seek_guard_recovers_speech_the_sequential_loop_skips(wers):
-    """Measured on the corpus's gapped file: openai's seek rule alone 9.32 %, with the seek guard (the default)
-    4.77 % (5.00 % before the guard's lead-in; converter revision 10: 9.32 and 4.77 %; revision 9: 8.86 and 3.86 %)."""
+    """Measured on the corpus's gapped files: openai's seek rule alone 7.27 %, with the seek guard (the default)
+    5.76 % (the first file alone: 9.32 and 4.77 %; converter revision 9: 8.86 and 3.86 %)."""
     assert wers["guarded"] <= wers["sequential"]
 
 
 def test_lanes_side_by_side_cost_at_most_half_a_point(wers):
     """Lanes decoded side by side against the same loop over the speech as one lane (vad_filter): every lane
-    but the first starts without previous text (corpus gapped file, revision 11: 4.55 % both; with chunks decoded
-    independently, before lanes, batched mode gave 12.73 %)."""
+    but the first starts without previous text (corpus gapped files, revision 11: 4.77 against 4.92 %; on the first
+    file alone, with chunks decoded independently, before lanes, batched mode gave 12.73 %)."""
     assert wers["batched"] <= wers["vad_filter"] + 0.005
 
 
 def test_lanes_cost_at_most_half_a_point_against_the_sequential_loop(wers):
     """Batched mode against the default sequential loop on the whole audio (seek guard on), issue 11's bound
-    (corpus gapped file, 2026-12-02, AMD EPYC: batched 4.55 %, sequential 4.77 %)."""
+    (corpus gapped files, 2026-12-02, AMD EPYC: batched 4.77 %, sequential 5.76 %)."""
     assert wers["batched"] <= wers["guarded"] + 0.005
 
 
@@ -109,9 +125,10 @@ def test_batched_equals_sequential_where_the_vad_changes_nothing(model, english_
         assert drift <= 0.02, (clip.name, drift)
 
 
-def test_no_batched_word_starts_in_an_inserted_gap(results, gapped):
-    gaps = [(start / SAMPLE_RATE, end / SAMPLE_RATE) for start, end, _ in gapped.gaps]
-    starts = [w.start for s in results["batched"].segments for w in s.words]
+@pytest.mark.parametrize("draw", range(len(GAP_SEEDS)))
+def test_no_batched_word_starts_in_an_inserted_gap(results, gapped, draw):
+    gaps = [(start / SAMPLE_RATE, end / SAMPLE_RATE) for start, end, _ in gapped[draw].gaps]
+    starts = [w.start for s in results["batched"][draw].segments for w in s.words]
     assert starts
     inside = [t for t in starts for a, b in gaps if a < t < b]
     assert not inside, inside
