@@ -681,7 +681,8 @@ def restore_timestamps(segments: list[dict], time_map: SpeechTimestampsMap, voic
     ``voiced`` (the VAD's windows at or above its threshold, over the original audio), such a word is then
     kept on the side of the removed audio where the VAD hears more of it: the earlier up to that region's end,
     or the later from its first voiced window (DTW can start the first word after a cut in the padding before
-    it: tiny.en put one 3 ms into 3.7 s of inserted tones). A segment with words spans
+    it: tiny.en put one 3 ms into 3.7 s of inserted tones); a word that starts in a region's unvoiced head after
+    removed audio starts at the region's first voiced window (``_start_after_cut``). A segment with words spans
     its first word's start to its last word's end; one without is mapped directly. The mapping never
     decreases, so times keep their order. ``seek`` stays on the speech-only timeline.
     """
