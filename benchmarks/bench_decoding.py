@@ -5,10 +5,12 @@ Prints markdown tables (see benchmarks/README.md, "Decoding benchmark"); every t
 the whisperane bundle was converted from:
 
 - beam: whisperane greedy and beam 5, faster-whisper int8 beam 5 (its default) and greedy, on JFK (median of
-  ``--repeats``) and the >= 10-minute English file (once);
+  ``--repeats``) and the >= 10-minute English file (median of ``--long-repeats``, once by default);
 - batched: whisperane batched (``--batch-size 8``, Silero VAD) and sequential, faster-whisper int8 sequential and
   its ``BatchedInferencePipeline`` (batch 8), all greedy, on the long file and on the same file with 25 % silence
-  and low noise inserted between clips; WER and the clips left without any word;
+  and low noise inserted between clips (median of ``--long-repeats``, the engines interleaved run by run:
+  faster-whisper's sequential wall moved by up to 45 % between two runs of one file); WER and the clips left
+  without any word;
 - threads: one loaded whisperane model (``threads=1``) transcribing the two halves of the long file one after the
   other and from two Python threads at once, in one child process: the wall-time ratio and whether the results
   are identical.
@@ -233,7 +235,7 @@ class DecodingBench(Bench):
         """(name, path, duration, reference, repeats) of JFK and the long file."""
         jfk, long = self.jfk(), self.long_file(self.args.long_minutes)
         return (("jfk", jfk.path, jfk.duration, jfk.text, self.args.repeats),
-                ("long", long.path, long.duration, long.reference, 1))  # fmt: skip
+                ("long", long.path, long.duration, long.reference, self.args.long_repeats))  # fmt: skip
 
     def wer(self, engine: Engine, tag: str, audio: Path, reference: str) -> tuple[str, Transcript | None]:
         t = self.output_of(engine, tag, audio)
@@ -296,7 +298,7 @@ class DecodingBench(Bench):
                        faster_whisper_with(ct2, t, lang, 1, 8, "faster-whisper int8 batched 8")]  # fmt: skip
             for name, built in (("long", long), ("gapped", gapped)):
                 tag = f"batched-{model}-{name}"
-                runs = self.measure(engines, built.path, 1, tag)
+                runs = self.measure(engines, built.path, self.args.long_repeats, tag)
                 table_rows, _ = self.rows_of(model, f"{name} ({built.duration:.0f} s)", engines, runs,
                                              "faster-whisper int8")  # fmt: skip
                 for row, e in zip(table_rows, engines, strict=True):
@@ -358,7 +360,8 @@ def header(args: argparse.Namespace) -> None:
                                                                    "ctranslate2", "numpy")))  # fmt: skip
     emit(
         f"- settings: models {args.models}; {args.threads} threads; word timestamps on; JFK runs: median of "
-        f"{args.repeats}; long file ({args.long_minutes:g} min) once; {'quick' if args.quick else 'full'} run"
+        f"{args.repeats}; long files ({args.long_minutes:g} min): median of {args.long_repeats}; "
+        f"{'quick' if args.quick else 'full'} run"
     )
 
 
@@ -373,6 +376,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="directory holding manifest.jsonl")  # fmt: skip
     p.add_argument("--threads", type=int, default=2, help="CPU threads for every engine")
     p.add_argument("--repeats", type=int, default=3, help="runs per engine on JFK (median reported)")
+    p.add_argument("--long-repeats", type=int, default=1, help="runs per engine on the long files (median reported)")
     p.add_argument(
         "--long-minutes",
         type=float,
@@ -388,8 +392,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.long_minutes = args.long_minutes or (3.0 if args.quick else 10.0)
     if not (Path(args.corpus) / "manifest.jsonl").is_file():
         p.error(f"{args.corpus}: no manifest.jsonl (pass --corpus)")
-    if args.threads < 1 or args.repeats < 1 or args.long_minutes <= 0:
-        p.error("--threads and --repeats must be >= 1 and --long-minutes > 0")
+    if args.threads < 1 or args.repeats < 1 or args.long_repeats < 1 or args.long_minutes <= 0:
+        p.error("--threads, --repeats and --long-repeats must be >= 1 and --long-minutes > 0")
     return args
 
 
