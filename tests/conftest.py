@@ -128,15 +128,17 @@ def _torch_whisper(checkpoint_dir: Path) -> TorchWhisper:
 
     from whisperane.convert import modules
     from whisperane.convert.checkpoint import load_checkpoint
+    from whisperane.convert.tokenizer_build import build_tokenizer_json, special_tokens
 
     torch.set_grad_enabled(False)
     ckpt = load_checkpoint(checkpoint_dir, "ctranslate2")
+    eot = special_tokens(build_tokenizer_json(checkpoint_dir, "ctranslate2", n_vocab=ckpt.dims.n_vocab))["eot"]
     return TorchWhisper(
         checkpoint=ckpt,
         mel=modules.MelSpectrogram(ckpt.dims.n_mels).eval(),
         encoder=modules.build_encoder(ckpt, sdpa="chunked"),
         decoder=modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum"),
-        sequence=modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum"),
+        sequence=modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum", text_vocab=eot),
     )
 
 

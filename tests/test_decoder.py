@@ -142,3 +142,43 @@ def test_decoder_graphs_never_copy_the_cross_attention_inputs(tiny_en_bundle, na
     copies = [n for n in graph.node if n.op_type in ("Tile", "Expand")]
     for node in copies:
         assert not (_ancestors(graph, node.input[0]) & cross_inputs), (node.op_type, node.name)
+
+
+def _scoring_graph(model):
+    """The decoder graph that runs the alignment pass (the one-hot adapter's TextDecoderSequence)."""
+    sequence = getattr(model.decoder, "sequence", None)
+    return sequence() if sequence is not None else model.decoder.component
+
+
+def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, window, monkeypatch):
+    """The graph's text-vocabulary log-probabilities (converter revision 12 on) against the host's
+    normalisation of the same pass's logits (``Decoder.score``, the path of older bundles): equal to float32
+    rounding; on real clips the same words, the same word times, and probabilities equal at the 4 decimals
+    the output keeps (a last-decimal rounding flip allowed)."""
+    from whisperane.decoder import Decoder, scores_tokens
+    from whisperane.transcribe import transcribe
+
+    assert scores_tokens(_scoring_graph(model))  # else both sides below would be the host's
+    tok = model.tokenizer()
+    text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
+    tokens = np.asarray([[*tok.sot_sequence, tok.no_timestamps, *text, tok.eot]])
+    args = (window.cross, len(tok.sot_sequence), np.asarray([text]), tok.eot)
+    with model.decoding_state(1) as state:
+        graph, graph_weights = model.decoder.score(state, tokens, *args)
+    with model.decoding_state(1) as state:
+        host, host_weights = Decoder.score(model.decoder, state, tokens, *args)
+    assert graph.shape == host.shape == (1, len(text))
+    np.testing.assert_allclose(graph, host, rtol=0, atol=2e-5)
+    np.testing.assert_array_equal(graph_weights, host_weights)
+
+    def words(result):
+        return [(w.word, w.start, w.end, w.probability) for s in result.segments for w in s.words]
+
+    for name in ("jfk", "1089-134691-0001", "LJ001-0002"):
+        audio = load_audio(str(DATA_CLIPS[name][0]))
+        from_graph = words(transcribe(audio, model))
+        with monkeypatch.context() as patch:
+            patch.setattr(type(model.decoder), "score", Decoder.score)
+            from_host = words(transcribe(audio, model))
+        assert [w[:3] for w in from_graph] == [w[:3] for w in from_host], name
+        assert max(abs(a[3] - b[3]) for a, b in zip(from_graph, from_host, strict=True)) <= 1.5e-4, name

@@ -84,7 +84,7 @@ def continue_after_prefix(
     padding = torch.full((1, s), MASK_VALUE)
     padding[:, :p] = 0.0
     logits, *_ = run_sequence(model.sequence, rest, p, key_cache, value_cache, padding, enc_k, enc_v)
-    return logits[0].numpy()
+    return logits.numpy()  # [T, V]: one row, position-major
 
 
 def look_up_table(info: BundleInfo, prefix: list[int], clip: Clip, exact_k: np.ndarray):
@@ -130,7 +130,7 @@ def measure_prefill(model: TorchWhisper, bundle: Path, clip: Clip, name: str) ->
     enc_k, enc_v = torch.from_numpy(encoded.enc_k), torch.from_numpy(encoded.enc_v)
     s = info.cache_length
     empty = torch.zeros(1, enc_k.shape[1], 1, s)
-    _, exact_k, exact_v, _ = run_sequence(
+    _, exact_k, exact_v, *_ = run_sequence(
         model.sequence, prefix, 0, empty, empty, torch.full((1, s), MASK_VALUE), enc_k, enc_v
     )
 

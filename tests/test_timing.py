@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import whisperane
 import whisperane.timing
+from whisperane.decoder import text_token_probabilities
 from whisperane.timing import (
     APPEND_PUNCTUATIONS,
     PREPEND_PUNCTUATIONS,
@@ -33,7 +34,6 @@ from whisperane.timing import (
     merge_punctuations,
     next_words_segment,
     segment_text_tokens,
-    text_token_probabilities,
     word_anomaly_score,
 )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,45 @@ from .executors import Component
 
 SHORT_SEQUENCE = 4  # up to this many tokens, ``forward`` runs single steps (measured: 4 steps < 1 call)
 LOGIT_POSITIONS = "logit_positions"  # TextDecoderSequence's input: which of the new tokens get logits
+# TextDecoderSequence's inputs (converter revision 12 on): positions, and each row's token at them, whose
+# text-vocabulary log-probabilities (the output TOKEN_LOGPROBS, [B, Q]) the alignment pass reads
+LOGPROB_POSITIONS, LOGPROB_TOKENS, TOKEN_LOGPROBS = "logprob_positions", "logprob_tokens", "token_logprobs"
+SEQUENCE_UPDATES = ["key_cache_updates", "value_cache_updates"]
+NO_POSITIONS = np.zeros(0, dtype=np.int32)
+
+
+def logsumexp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, keepdims; -inf for rows that are all -inf.
+
+    The exponentials are taken in the input's precision (float32 logits: half the time of float64 over the
+    vocabulary, once per decoded token) and summed in float64.
+    """
+    m = x.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True, dtype=np.float64))
+
+
+# Rows of the logits normalised at once. logsumexp makes two temporaries of the rows' size: 2 rows (0.4 MB each)
+# stay in a core's L2, 8 rows (1.6 MB each) did not: [81, 51864] 12.5 -> 4.3 ms, and the JFK run's peak -1.3 MiB.
+PROBABILITY_ROWS = 2
+
+
+def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot: int) -> np.ndarray:
+    """Probability of each text token under the text vocabulary (softmax over ids < eot), as openai.
+
+    ``logits`` [len(text_tokens) (+ more), V]: row k is the position that predicts ``text_tokens[k]``
+    (the same rows as the weights passed to ``find_alignment``, without the eot row).
+    """
+    n = len(text_tokens)
+    scores = np.asarray(logits, dtype=np.float32)[:n, :eot]
+    picked = scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)]
+    # Rows in blocks: logsumexp's intermediates over all rows at once were two more copies of the logits
+    # (JFK, tiny.en: +8 MB at the peak of the whole run).
+    norms = np.empty(n)
+    for i in range(0, n, PROBABILITY_ROWS):
+        norms[i : i + PROBABILITY_ROWS] = logsumexp(scores[i : i + PROBABILITY_ROWS])[:, 0]
+    return np.exp(picked - norms)
 
 
 @dataclass(frozen=True)
@@ -279,6 +318,16 @@ class Decoder:
         logits, align = zip(*(self.step(state, tokens[:, i], cross) for i in range(tokens.shape[1])), strict=True)
         return (np.stack(logits, axis=1), np.stack(align, axis=2)) if need_logits else (None, None)
 
+    def score(self, state: DecoderState, tokens: np.ndarray, cross: CrossAttention, first: int,
+              targets: np.ndarray, text_vocab: int) -> tuple[np.ndarray, Alignment]:  # fmt: skip
+        """The alignment pass: ``tokens`` [B, T] teacher-forced; returns the probability of ``targets[:, q]``
+        at position ``first + q`` under the text vocabulary (softmax over ids < ``text_vocab``, as openai's
+        word probabilities) [B, Q], and the alignment weights [B, A, T, F]. Here from the logits, on the host;
+        graphs that return the probabilities themselves skip that (``run_scored``)."""
+        logits, align = self.forward(state, tokens, cross)
+        rows = [text_token_probabilities(logits[r, first:], targets[r], text_vocab) for r in range(len(targets))]
+        return np.stack(rows), align
+
 
 class OneHotDecoder(Decoder):
     """The contract's TextDecoder: the caches go in whole and the current token's K/V is blended in through the
@@ -312,7 +361,13 @@ class OneHotDecoder(Decoder):
         if sequence is None:  # a few tokens (a prefix after sot) cost less as single steps than as one call
             return super().forward(state, tokens, cross, need_logits)
         feeds = self._sequence_feeds(state, tokens, cross)
-        return run_sequence(sequence, state, feeds, need_logits, selects_logits(sequence))
+        return run_sequence(sequence, state, feeds, need_logits, selects_logits(sequence), scores_tokens(sequence))
+
+    def score(self, state, tokens, cross, first, targets, text_vocab):
+        sequence = self.sequence() if tokens.shape[1] > SHORT_SEQUENCE else None
+        if sequence is None or not scores_tokens(sequence):
+            return super().score(state, tokens, cross, first, targets, text_vocab)
+        return run_scored(sequence, state, self._sequence_feeds(state, tokens, cross), first, targets)
 
     def _sequence_feeds(self, state, tokens, cross) -> dict[str, np.ndarray]:
         return {"input_ids": tokens.astype(np.int32), "cache_length": state.lengths, **state.cache_feeds,
@@ -325,18 +380,43 @@ def selects_logits(component: Component) -> bool:
     return LOGIT_POSITIONS in component.inputs
 
 
-def run_sequence(component: Component, state: DecoderState, feeds: dict, need_logits: bool, selects: bool) -> tuple:
+def scores_tokens(component: Component) -> bool:
+    """Whether a TextDecoderSequence returns token log-probabilities (bundles from converter revision 12 on)."""
+    return LOGPROB_POSITIONS in component.inputs
+
+
+def run_sequence(component: Component, state: DecoderState, feeds: dict, need_logits: bool, selects: bool,
+                 scores: bool = False) -> tuple:  # fmt: skip
     """One multi-token call: the tokens' K/V are appended inside the graph and written to ``state``; without
     ``need_logits`` the vocabulary projection (the larger part of the call) is not computed where the graph
-    ``selects`` the positions it projects."""
+    ``selects`` the positions it projects. A graph that ``scores`` tokens is asked for none."""
     t = feeds["input_ids"].shape[1]
     state.check_room(t)
     if selects:
         feeds[LOGIT_POSITIONS] = np.arange(t if need_logits else 0, dtype=np.int32)
-    wanted = None if need_logits else ["key_cache_updates", "value_cache_updates"]
-    out = component.run(feeds, wanted)
+    if scores:
+        feeds[LOGPROB_POSITIONS] = NO_POSITIONS
+        feeds[LOGPROB_TOKENS] = np.zeros((feeds["input_ids"].shape[0], 0), dtype=np.int32)
+    out = component.run(feeds, ["logits", *SEQUENCE_UPDATES, "alignment_heads_weights"] if need_logits else SEQUENCE_UPDATES)
     state.write(out["key_cache_updates"], out["value_cache_updates"])
-    return (out["logits"], out["alignment_heads_weights"]) if need_logits else (None, None)
+    if not need_logits:
+        return None, None
+    logits = out["logits"]
+    if scores:  # position-major rows [T * B, V], as the projection wrote them
+        logits = logits.reshape(t, -1, logits.shape[-1]).transpose(1, 0, 2)
+    return logits, out["alignment_heads_weights"]
+
+
+def run_scored(component: Component, state: DecoderState, feeds: dict, first: int, targets: np.ndarray) -> tuple:
+    """``Decoder.score`` in one call of a graph that returns the log-probabilities of the tokens asked for
+    (``scores_tokens``), without logits."""
+    state.check_room(feeds["input_ids"].shape[1])
+    feeds[LOGIT_POSITIONS] = NO_POSITIONS
+    feeds[LOGPROB_POSITIONS] = np.arange(first, first + targets.shape[1], dtype=np.int32)
+    feeds[LOGPROB_TOKENS] = targets.astype(np.int32)
+    out = component.run(feeds, [TOKEN_LOGPROBS, *SEQUENCE_UPDATES, "alignment_heads_weights"])
+    state.write(out["key_cache_updates"], out["value_cache_updates"])
+    return np.exp(out[TOKEN_LOGPROBS].astype(np.float64)), out["alignment_heads_weights"]
 
 
 class AppendingDecoder(Decoder):
@@ -348,7 +428,7 @@ class AppendingDecoder(Decoder):
         super().__init__(layout, n_vocab)
         self.component = component
         self.table = table
-        self.selects = selects_logits(component)
+        self.selects, self.scores = selects_logits(component), scores_tokens(component)
 
     def _feeds(self, state, tokens, cross) -> dict[str, np.ndarray]:
         return {"input_ids": tokens.astype(np.int32), "token_embeddings": self.table.lookup(tokens),
@@ -356,11 +436,18 @@ class AppendingDecoder(Decoder):
                 **cross.feeds}  # fmt: skip
 
     def step(self, state, tokens, cross):
-        logits, align = run_sequence(self.component, state, self._feeds(state, tokens[:, None], cross), True, self.selects)
+        feeds = self._feeds(state, tokens[:, None], cross)
+        logits, align = run_sequence(self.component, state, feeds, True, self.selects, self.scores)
         return logits[:, 0, :], align[:, :, 0]
 
     def forward(self, state, tokens, cross, need_logits=True):
-        return run_sequence(self.component, state, self._feeds(state, tokens, cross), need_logits, self.selects)
+        feeds = self._feeds(state, tokens, cross)
+        return run_sequence(self.component, state, feeds, need_logits, self.selects, self.scores)
+
+    def score(self, state, tokens, cross, first, targets, text_vocab):
+        if not self.scores:
+            return super().score(state, tokens, cross, first, targets, text_vocab)
+        return run_scored(self.component, state, self._feeds(state, tokens, cross), first, targets)
 
 
 class StatefulDecoder(OneHotDecoder):

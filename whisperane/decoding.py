@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from .audio import TIME_PRECISION
-from .decoder import DecoderState
+from .decoder import DecoderState, logsumexp
 from .errors import WhisperaneError
 from .model import EncodedWindow, WhisperaneModel
 from .options import DecodingOptions
@@ -50,18 +50,6 @@ def compression_ratio(text: str) -> float:
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - logsumexp(x)
-
-
-def logsumexp(x: np.ndarray) -> np.ndarray:
-    """log(sum(exp(x))) over the last axis, keepdims; -inf for rows that are all -inf.
-
-    The exponentials are taken in the input's precision (float32 logits: half the time of float64 over the
-    vocabulary, once per decoded token) and summed in float64.
-    """
-    m = x.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True, dtype=np.float64))
 
 
 # --- logit filters (openai-whisper's) -------------------------------------------------------------------

@@ -27,7 +27,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .audio import INPUT_STRIDE, TOKENS_PER_SECOND
-from .decoding import logsumexp
 from .options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 
 # Words that hallucination_silence_threshold ignores when it scores a segment (openai's `punctuation`).
@@ -184,28 +183,6 @@ def _backtrack(moves: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarra
     return np.array(path_i[::-1], dtype=np.int64), np.array(path_j[::-1], dtype=np.int64)
 
 
-# Rows of the logits normalised at once. logsumexp makes two temporaries of the rows' size: 2 rows (0.4 MB each)
-# stay in a core's L2, 8 rows (1.6 MB each) did not: [81, 51864] 12.5 -> 4.3 ms, and the JFK run's peak -1.3 MiB.
-PROBABILITY_ROWS = 2
-
-
-def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot: int) -> np.ndarray:
-    """Probability of each text token under the text vocabulary (softmax over ids < eot), as openai.
-
-    ``logits`` [len(text_tokens) (+ more), V]: row k is the position that predicts ``text_tokens[k]``
-    (the same rows as the weights passed to ``find_alignment``, without the eot row).
-    """
-    n = len(text_tokens)
-    scores = np.asarray(logits, dtype=np.float32)[:n, :eot]
-    picked = scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)]
-    # Rows in blocks: logsumexp's intermediates over all rows at once were two more copies of the logits
-    # (JFK, tiny.en: +8 MB at the peak of the whole run).
-    norms = np.empty(n)
-    for i in range(0, n, PROBABILITY_ROWS):
-        norms[i : i + PROBABILITY_ROWS] = logsumexp(scores[i : i + PROBABILITY_ROWS])[:, 0]
-    return np.exp(picked - norms)
-
-
 def alignment_matrix(
     weights: np.ndarray,
     num_text_rows: int,
@@ -272,7 +249,7 @@ def find_alignment(
             ``[*sot_sequence, no_timestamps, *text_tokens, eot]`` with ``first_row=len(sot_sequence)``
             (the no_timestamps position predicts text_tokens[0]). Every row passed enters the per-head
             standardisation, which is why this form reproduces openai's computation.
-    token_probs: probability of each text token (``text_token_probabilities``), len(text_tokens).
+    token_probs: probability of each text token (``Decoder.score``), len(text_tokens).
     num_frames: mel frames of audio in the window (e.g. 3000 for a full 30 s window); encoder frames
         past num_frames // 2 are padding and are ignored.
     """
@@ -546,7 +523,6 @@ __all__ = [
     "merge_punctuations",
     "next_words_segment",
     "segment_text_tokens",
-    "text_token_probabilities",
     "word_anomaly_score",
     "word_duration_limits",
 ]

@@ -652,27 +652,25 @@ def _split_segments(result: DecodingResult, tokenizer: Tokenizer, seek: int, seg
     return segments, next_seek, single_timestamp_ending
 
 
-def alignment_sequence(segments: list[dict], tokenizer: Tokenizer) -> list[int]:
-    """The teacher-forced pass's tokens for a window's segments (openai's: no prompt, no timestamps)."""
-    text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
-    return [*tokenizer.sot_sequence, tokenizer.no_timestamps, *text_tokens, tokenizer.eot]
-
-
-def teacher_forced(model: WhisperaneModel, enc: EncodedWindow, sequences: list[list[int]]) -> list[tuple]:
-    """(logits [T, V], alignment weights [A, T, F]) of each window's sequence, all rows in one decoder call
-    (``enc`` holds one window per sequence; shorter rows are padded after their end, which the causal
-    attention keeps from changing their own positions)."""
-    longest = max(len(seq) for seq in sequences)
+def teacher_forced(model: WhisperaneModel, enc: EncodedWindow, texts: list[list[int]],
+                   tokenizer: Tokenizer) -> list[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """(probability of each text token [n], alignment weights [A, T, F]) of each window's text tokens, all
+    rows in one decoder call (``enc`` holds one window per row). openai's pass: sot sequence, no_timestamps,
+    the text, eot (no prompt, no timestamps); shorter rows are padded after their end, which the causal
+    attention keeps from changing their own positions."""
+    sequences = [[*tokenizer.sot_sequence, tokenizer.no_timestamps, *text, tokenizer.eot] for text in texts]
+    longest, scored = max(map(len, sequences)), max(map(len, texts))
     tokens = np.asarray([seq + [seq[-1]] * (longest - len(seq)) for seq in sequences])
+    targets = np.asarray([text + [0] * (scored - len(text)) for text in texts])
+    first = len(tokenizer.sot_sequence)  # no_timestamps' position predicts the first text token
     with model.decoding_state(len(sequences)) as state:
-        logits, weights = model.decoder.forward(state, tokens, enc.cross)
-    return [(logits[r, : len(seq)], weights[r, :, : len(seq)]) for r, seq in enumerate(sequences)]
+        probs, weights = model.decoder.score(state, tokens, enc.cross, first, targets, tokenizer.eot)
+    rows = enumerate(zip(texts, sequences, strict=True))
+    return [(probs[r, : len(text)], weights[r, :, : len(seq)]) for r, (text, seq) in rows]
 
 
-def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech,
-               forced: tuple | None = None) -> None:  # fmt: skip
-    """Word timestamps of a window's segments; ``forced``: its teacher-forced pass, when run for several
-    windows at once (``teacher_forced``)."""
+def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech) -> None:
+    """Word timestamps of a window's segments."""
     text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
     if not text_tokens:
         for s in segments:
@@ -685,9 +683,8 @@ def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time
         probs = np.exp([result.token_logprobs[i] for i in rows[:-1]])
         alignment = timing.find_alignment(weights, text_tokens, probs, num_frames, tokenizer)
     else:
-        logits, weights = forced or teacher_forced(model, enc, [alignment_sequence(segments, tokenizer)])[0]
+        probs, weights = teacher_forced(model, enc, [text_tokens], tokenizer)[0]
         first = len(tokenizer.sot_sequence)
-        probs = timing.text_token_probabilities(logits[first:], text_tokens, tokenizer.eot)
         alignment = timing.find_alignment(weights, text_tokens, probs, num_frames, tokenizer, first_row=first)
     timing.add_word_timestamps(
         segments, alignment, time_offset=time_offset, last_speech_timestamp=last_speech,

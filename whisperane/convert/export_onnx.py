@@ -94,6 +94,8 @@ def decoder_example(dims: ModelDimensions, cache_length: int, batch: int = 1):
 
 
 DECODER_OUTPUTS = ["logits", "key_cache_updates", "value_cache_updates", "alignment_heads_weights"]
+SEQUENCE_OUTPUTS = [*DECODER_OUTPUTS, "token_logprobs"]
+SELECTORS = ("logit_positions", "logprob_positions", "logprob_tokens")  # TextDecoderSequence's last inputs
 
 
 def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
@@ -107,7 +109,7 @@ def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
     masks = {n: t for n, t in ex.items() if n.endswith("_mask")}
     return {"input_ids": ex["input_ids"], "cache_length": ex["cache_length"], **split("key_cache"), **split("value_cache"),
             **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache"),
-            **{n: t for n, t in ex.items() if n == "logit_positions"}}  # fmt: skip
+            **{n: t for n, t in ex.items() if n in SELECTORS}}  # fmt: skip
 
 
 def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
@@ -123,15 +125,20 @@ def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, pa
     del ex["kv_cache_update_mask"]
     ex["input_ids"] = torch.zeros(1, 3, dtype=torch.int32)
     ex["logit_positions"] = torch.arange(3, dtype=torch.int32)
+    ex["logprob_positions"] = torch.arange(1, 3, dtype=torch.int32)
+    ex["logprob_tokens"] = torch.zeros(1, 2, dtype=torch.int32)
     if per_layer:
         ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
     dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
     dyn["input_ids"] = {0: "batch", 1: "tokens"}
     dyn["logit_positions"] = {0: "positions"}
+    dyn["logprob_positions"] = {0: "scored"}
+    dyn["logprob_tokens"] = {0: "batch", 1: "scored"}
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
-    dyn.update({"logits": {0: "batch", 1: "positions"}, "key_cache_updates": {0: "batch", 3: "tokens"},
-                "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 2: "tokens"}})  # fmt: skip
-    return _export(module, tuple(ex.values()), path, list(ex), DECODER_OUTPUTS, dyn)
+    dyn.update({"logits": {0: "positions_x_batch"}, "key_cache_updates": {0: "batch", 3: "tokens"},
+                "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 2: "tokens"},
+                "token_logprobs": {0: "batch", 1: "scored"}})  # fmt: skip
+    return _export(module, tuple(ex.values()), path, list(ex), SEQUENCE_OUTPUTS, dyn)
 
 
 def export_prefill(module, path: Path) -> Path:

@@ -365,12 +365,16 @@ class DecoderBlock(nn.Module):
 
 
 class TextDecoderBase(nn.Module):
+    """``text_vocab``: the ids below <|endoftext|>, over which openai normalises the word probabilities of the
+    alignment pass (default: the whole vocabulary)."""
+
     def __init__(self, dims: ModelDimensions, alignment_heads: list[tuple[int, int]], sdpa: str = "einsum",
-                 layout: str = "ane"):  # fmt: skip
+                 layout: str = "ane", text_vocab: int | None = None):  # fmt: skip
         super().__init__()
         d = dims.n_text_state
         self.dims = dims
         self.layout = layout
+        self.text_vocab = text_vocab or dims.n_vocab
         self.token_embedding = nn.Embedding(dims.n_vocab, d)
         self.positional_embedding = nn.Parameter(torch.zeros(dims.n_text_ctx, d))
         self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head, layout) for _ in range(dims.n_text_layer))
@@ -431,6 +435,65 @@ class TextDecoderBase(nn.Module):
         # -1, not b * t: ONNX's Reshape reads a 0 (no positions) as "keep this dimension"
         return F.linear(x.reshape(-1, x.shape[2]), self.token_embedding.weight).reshape(x.shape[0], -1, self.dims.n_vocab)
 
+    def logits_and_logprobs(self, x: Tensor, logit_positions: Tensor, logprob_positions: Tensor,
+                            logprob_tokens: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """x in this layout -> (logits [(P + Q) * B, V], token log-probabilities [B, Q]) from one vocabulary
+        projection (one weight for the int8 graph to prepack) of the positions ``logit_positions`` [P], then
+        ``logprob_positions`` [Q], position-major: row ``p * B + b`` is row b's position p. The first P * B
+        rows are the logits asked for (the graph's output as the projection wrote it: no copy); the log-
+        probabilities are those of ``logprob_tokens`` [B, Q] under the text vocabulary (``_TextLogprobs``).
+        The alignment pass needs one number a token, not its [Q, V] logits, which cost more to copy out of
+        the graph and normalise on the host than to project."""
+        x = from_bc1s(x, "btc") if self.layout == "ane" else x  # [B, T, d]
+        positions = torch.cat([logit_positions, logprob_positions]).long()
+        rows = x.index_select(1, positions).transpose(0, 1).reshape(-1, x.shape[2])  # [(P + Q) * B, d]
+        logits = F.linear(rows, self.token_embedding.weight)
+        tokens = logprob_tokens.long().t().reshape(-1, 1)  # [Q * B, 1], position-major
+        logprobs = _TextLogprobs.apply(logits, tokens, self.text_vocab)  # [Q * B, 1]
+        return logits, logprobs.reshape(logprob_tokens.shape[1], logprob_tokens.shape[0]).t()
+
+
+def sum_blocks(n: int, longest: int = 4096) -> tuple[int, int]:
+    """(blocks, block length) of a sum of n terms: the longest block of at most ``longest`` that divides n."""
+    length = max(d for d in range(1, min(n, longest) + 1) if n % d == 0)
+    return n // length, length
+
+
+class _TextLogprobs(torch.autograd.Function):
+    """logits [N, V] and tokens [M, 1] -> [M, 1]: the log-softmax over the first ``text_vocab`` columns of the
+    last M rows, at each row's token.
+
+    In ONNX: one Slice over both axes (the exporter writes a slice per axis, and ONNX Runtime copies on every
+    Slice: two copies of the scored logits), then -log(sum_j exp(x_j - x_token)). Relative to the token's own
+    logit the terms need no max pass, and the subtraction and exponential run in place (the token's logit is
+    read first): one copy of the scored logits beside them. A term overflows only where the token's
+    probability is below e^-88, which then comes out as 0. The sum goes in blocks (``sum_blocks``): ONNX
+    Runtime's ReduceSum adds a row's 50k terms one by one in float32 (1.7e-5 off, relative), its LogSoftmax
+    has an approximate exponential (the normaliser 2.4-2.8e-5 too small on every row of real logits), a
+    MatMul with ones would prepack a 3 MB B; blocks of ~3k terms, then the blocks' sums, are within 3e-6 of
+    float64.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, tokens: Tensor, text_vocab: int) -> Tensor:  # noqa: ARG004
+        text = logits[logits.shape[0] - tokens.shape[0] :, :text_vocab]
+        return torch.log_softmax(text, dim=-1).gather(1, tokens)
+
+    @staticmethod
+    def symbolic(g, logits, tokens, text_vocab: int):
+        def const(*values: int):
+            return g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+
+        first = lambda t: g.op("Slice", g.op("Shape", t), const(0), const(1))  # noqa: E731
+        starts = g.op("Concat", g.op("Sub", first(logits), first(tokens)), const(0), axis_i=0)
+        text = g.op("Slice", logits, starts, const(torch.iinfo(torch.int64).max, text_vocab), const(0, 1))
+        picked = g.op("GatherElements", text, tokens, axis_i=1)
+        terms = g.op("Reshape", g.op("Exp", g.op("Sub", text, picked)), const(-1, *sum_blocks(text_vocab)))
+        total = g.op("ReduceSum", g.op("ReduceSum", terms, const(2), keepdims_i=0), const(1), keepdims_i=1)
+        out = g.op("Neg", g.op("Log", total))
+        out.setType(logits.type().with_sizes([None, 1]))
+        return out
+
 
 class TextDecoder(TextDecoderBase):
     """One token per call over a fixed-length cache of S positions (one-hot update mask)."""
@@ -468,7 +531,8 @@ class TextDecoderSequence(TextDecoderBase):
     """T tokens in one call (prompts, exact prefill, the teacher-forced alignment pass).
 
     Attends over the S cached positions (``decoder_key_padding_mask``) and causally within the T new ones;
-    returns the T new cache columns for the host to write at ``cache_length``.
+    returns the T new cache columns for the host to write at ``cache_length``, the logits of the positions
+    asked for and the text-vocabulary log-probabilities of the tokens asked for (``logits_and_logprobs``).
     """
 
     def forward(
@@ -481,8 +545,15 @@ class TextDecoderSequence(TextDecoderBase):
         encoder_attn_key_cache: Tensor | list[Tensor],
         encoder_attn_value_cache: Tensor | list[Tensor],
         logit_positions: Tensor | None = None,  # [P] int32: the positions whose logits are wanted (all if None)
+        logprob_positions: Tensor | None = None,  # [Q] int32: positions whose next token's log-probability is read
+        logprob_tokens: Tensor | None = None,  # [B, Q] int32: that next token, per row (none if None)
     ):
         t = input_ids.shape[1]
+        if logit_positions is None:
+            logit_positions = torch.arange(t, dtype=torch.int32)
+        if logprob_positions is None:
+            logprob_positions = torch.zeros(0, dtype=torch.int32)
+            logprob_tokens = torch.zeros(input_ids.shape[0], 0, dtype=torch.int32)
         steps = torch.arange(t, device=input_ids.device).unsqueeze(0)
         pos = cache_length.long().unsqueeze(1) + steps  # [B, T]
         x = self.embed(self.token_embedding(input_ids.long()) + self.positional_embedding[pos])
@@ -498,7 +569,11 @@ class TextDecoderSequence(TextDecoderBase):
         weights = torch.stack(align, dim=1)  # [B, A, T, F]
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
         # nothing reads, cost half of the call (tiny.en, 217 tokens: 148 of ~300 ms) until it could be skipped.
-        return self.logits(x, logit_positions), torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
+        logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)
+        return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights, logprobs
+
+
+SEQUENCE_SELECTORS = 3  # TextDecoderSequence's last inputs: logit_positions, logprob_positions, logprob_tokens
 
 
 class PerLayerInputs(nn.Module):
@@ -507,8 +582,8 @@ class PerLayerInputs(nn.Module):
     ONNX has no views: slicing the concatenated [B, d*L, 1, F] cross caches and [B, d*L, 1, S] self caches
     copies all of them on every step (24 MB a token for tiny.en). Per-layer inputs are views of the host's
     arrays, passed without a copy. Inputs: ``input_ids``, ``cache_length``, L key caches, L value caches, the
-    decoder's masks, L cross keys, L cross values, ``logit_positions``; outputs unchanged (the updates stay
-    concatenated).
+    decoder's masks, L cross keys, L cross values, then the positions and tokens asked for
+    (``SEQUENCE_SELECTORS`` of them); outputs unchanged (the updates stay concatenated).
     """
 
     def __init__(self, decoder: TextDecoderBase):
@@ -520,8 +595,9 @@ class PerLayerInputs(nn.Module):
         n = self.n_layer
         ids, length = inputs[:2]
         keys, values = list(inputs[2 : 2 + n]), list(inputs[2 + n : 2 + 2 * n])
-        masks, cross, positions = inputs[2 + 2 * n : -2 * n - 1], inputs[-2 * n - 1 : -1], inputs[-1]
-        return self.decoder(ids, length, keys, values, *masks, list(cross[:n]), list(cross[n:]), positions)
+        k = SEQUENCE_SELECTORS
+        masks, cross, selectors = inputs[2 + 2 * n : -2 * n - k], inputs[-2 * n - k : -k], inputs[-k:]
+        return self.decoder(ids, length, keys, values, *masks, list(cross[:n]), list(cross[n:]), *selectors)
 
 
 # --- TextDecoderContextPrefill --------------------------------------------------------------------------
@@ -602,9 +678,10 @@ def build_encoder(ckpt, sdpa: str = "chunked", layout: str = "ane") -> AudioEnco
     return enc.eval()
 
 
-def build_decoder(ckpt, cls=TextDecoder, sdpa: str = "einsum", layout: str = "ane") -> TextDecoderBase:
+def build_decoder(ckpt, cls=TextDecoder, sdpa: str = "einsum", layout: str = "ane",
+                  text_vocab: int | None = None) -> TextDecoderBase:  # fmt: skip
     sd, dims = ckpt.state_dict, ckpt.dims
-    dec = cls(dims, ckpt.alignment_heads, sdpa, layout)
+    dec = cls(dims, ckpt.alignment_heads, sdpa, layout, text_vocab)
     dec.token_embedding.weight.data = torch.from_numpy(sd["decoder.token_embedding.weight"].astype(np.float32))
     dec.positional_embedding.data = torch.from_numpy(sd["decoder.positional_embedding"].astype(np.float32))
     for i, b in enumerate(dec.blocks):

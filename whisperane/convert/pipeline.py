@@ -30,7 +30,7 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 11
+CONVERTER_REVISION = 12
 # Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
 # reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
 # the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one
@@ -139,7 +139,8 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     layout = "btc" if "onnx" in formats else "ane"
     encoder = modules.build_encoder(ckpt, sdpa="mha" if layout == "btc" else "chunked", layout=layout)
     decoder = modules.build_decoder(ckpt, modules.TextDecoder, sdpa="einsum", layout=layout)
-    sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum", layout=layout)
+    eot = tokens["special_tokens"]["eot"]
+    sequence = modules.build_decoder(ckpt, modules.TextDecoderSequence, sdpa="einsum", layout=layout, text_vocab=eot)
 
     say("computing the prefill table")
     special = tokens["special_tokens"]
