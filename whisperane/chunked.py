@@ -184,8 +184,7 @@ def _encode_each(model: WhisperaneModel, mels: list[np.ndarray]) -> EncodedWindo
         if batch is None:
             rows = lambda a: np.empty((len(mels), *a.shape[1:]), a.dtype)  # noqa: E731
             cross = CrossAttention({name: rows(a) for name, a in window.cross.feeds.items()}, len(mels))
-            batch = EncodedWindow(rows(window.embeds), cross)
-        batch.embeds[i] = window.embeds[0]
+            batch = EncodedWindow(cross)
         for name, a in window.cross.feeds.items():
             batch.cross.feeds[name][i] = a[0]
     return batch

@@ -234,7 +234,7 @@ def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: Decoding
     previous-text tokens in place of ``options.prompt`` (rows then start at different positions)."""
     if options.temperature > 0 or options.beam_size:
         raise WhisperaneError("windows are decoded together greedily; decode a window alone to sample or beam")
-    batch = enc.embeds.shape[0]
+    batch = enc.batch
     if prompts is None:
         prompts = [_encode_text_or_tokens(tokenizer, options.prompt) if options.prompt else None] * batch
     plan = plan_window(model, replace(options, prompt=None), tokenizer)  # what every row shares after its prompt
