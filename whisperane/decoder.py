@@ -356,15 +356,20 @@ class OneHotDecoder(Decoder):
         state.write(out["key_cache_updates"], out["value_cache_updates"])
         return out["logits"][:, 0, :], out["alignment_heads_weights"]
 
+    def _sequence_for(self, tokens: np.ndarray) -> Component | None:
+        """The multi-token component for ``tokens`` [B, T]: none for a few tokens (a prefix after sot costs
+        less as single steps than as one call) or where the bundle has none."""
+        return self.sequence() if tokens.shape[1] > SHORT_SEQUENCE else None
+
     def forward(self, state, tokens, cross, need_logits=True):
-        sequence = self.sequence() if tokens.shape[1] > SHORT_SEQUENCE else None
-        if sequence is None:  # a few tokens (a prefix after sot) cost less as single steps than as one call
+        sequence = self._sequence_for(tokens)
+        if sequence is None:
             return super().forward(state, tokens, cross, need_logits)
         feeds = self._sequence_feeds(state, tokens, cross)
         return run_sequence(sequence, state, feeds, need_logits, selects_logits(sequence), scores_tokens(sequence))
 
     def score(self, state, tokens, cross, first, targets, text_vocab):
-        sequence = self.sequence() if tokens.shape[1] > SHORT_SEQUENCE else None
+        sequence = self._sequence_for(tokens)
         if sequence is None or not scores_tokens(sequence):
             return super().score(state, tokens, cross, first, targets, text_vocab)
         return run_scored(sequence, state, self._sequence_feeds(state, tokens, cross), first, targets)

@@ -103,7 +103,7 @@ class WhisperaneModel:
         return peak
 
     def encode(self, mel: np.ndarray) -> EncodedWindow:
-        """Log-mels [B, M, 1, 3000] -> the encoder output and cross K/V of B windows."""
+        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows."""
         out = self._sessions.encoder.run({"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)},
                                          self._cross_outputs)
         return EncodedWindow(self._cross(out))

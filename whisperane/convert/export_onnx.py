@@ -95,7 +95,6 @@ def decoder_example(dims: ModelDimensions, cache_length: int, batch: int = 1):
 
 DECODER_OUTPUTS = ["logits", "key_cache_updates", "value_cache_updates", "alignment_heads_weights"]
 SEQUENCE_OUTPUTS = [*DECODER_OUTPUTS, "token_logprobs"]
-SELECTORS = ("logit_positions", "logprob_positions", "logprob_tokens")  # TextDecoderSequence's last inputs
 
 
 def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
@@ -109,7 +108,7 @@ def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
     masks = {n: t for n, t in ex.items() if n.endswith("_mask")}
     return {"input_ids": ex["input_ids"], "cache_length": ex["cache_length"], **split("key_cache"), **split("value_cache"),
             **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache"),
-            **{n: t for n, t in ex.items() if n in SELECTORS}}  # fmt: skip
+            **{n: t for n, t in ex.items() if n in modules.SEQUENCE_SELECTORS}}  # fmt: skip
 
 
 def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:

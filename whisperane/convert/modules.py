@@ -423,16 +423,13 @@ class TextDecoderBase(nn.Module):
         """Token + position embeddings [B, T, d] -> this layout."""
         return to_bc1s(x, "btc") if self.layout == "ane" else x
 
-    def logits(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """x in this layout -> [B, T, V] with the tied embedding; with ``positions`` [P], of those positions only.
+    def logits(self, x: Tensor) -> Tensor:
+        """x in this layout -> [B, T, V] with the tied embedding.
 
         A 2-D ``linear`` exports as Gemm(transB=1) on the embedding initializer itself: a 3-D matmul against
         ``weight.t()`` would be constant-folded into a second, transposed copy of the largest tensor.
         """
         x = from_bc1s(x, "btc") if self.layout == "ane" else x  # [B, T, d]
-        if positions is not None:
-            x = x.index_select(1, positions.long())
-        # -1, not b * t: ONNX's Reshape reads a 0 (no positions) as "keep this dimension"
         return F.linear(x.reshape(-1, x.shape[2]), self.token_embedding.weight).reshape(x.shape[0], -1, self.dims.n_vocab)
 
     def logits_and_logprobs(self, x: Tensor, logit_positions: Tensor, logprob_positions: Tensor,
@@ -573,7 +570,8 @@ class TextDecoderSequence(TextDecoderBase):
         return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights, logprobs
 
 
-SEQUENCE_SELECTORS = 3  # TextDecoderSequence's last inputs: logit_positions, logprob_positions, logprob_tokens
+# TextDecoderSequence's last inputs: which positions get logits, which get token log-probabilities, and the tokens
+SEQUENCE_SELECTORS = ("logit_positions", "logprob_positions", "logprob_tokens")
 
 
 class PerLayerInputs(nn.Module):
@@ -595,7 +593,7 @@ class PerLayerInputs(nn.Module):
         n = self.n_layer
         ids, length = inputs[:2]
         keys, values = list(inputs[2 : 2 + n]), list(inputs[2 + n : 2 + 2 * n])
-        k = SEQUENCE_SELECTORS
+        k = len(SEQUENCE_SELECTORS)
         masks, cross, selectors = inputs[2 + 2 * n : -2 * n - k], inputs[-2 * n - k : -k], inputs[-k:]
         return self.decoder(ids, length, keys, values, *masks, list(cross[:n]), list(cross[n:]), *selectors)
 
