@@ -4,6 +4,7 @@ the component itself, and a damaged cache rebuilt rather than trusted."""
 from __future__ import annotations
 
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -48,3 +49,41 @@ def test_cached_graph_gives_the_components_outputs(encoder_copy):
         np.testing.assert_array_equal(rebuilt[name], value)
     assert weights.stat().st_size == size
     assert not stale.exists()
+
+
+def _resident_kib(files) -> int:
+    """Resident KiB of this process's mappings of ``files`` (by inode), from /proc/self/smaps."""
+    inodes, total, ours = {f.stat().st_ino for f in files}, 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header: range perms offset dev inode [path]
+                ours = int(fields[4]) in inodes
+            elif ours and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are released through /proc/self/smaps and "
+                    "madvise, which only Linux has; elsewhere release_weights is a no-op")  # fmt: skip
+def test_weights_leave_the_resident_set_while_the_other_component_runs(tiny_en_bundle):
+    from whisperane.audio import load_audio
+    from whisperane.loading import load_model
+
+    load_model(tiny_en_bundle, compute_type="int8")  # the saved optimized graphs exist from here on
+    model = load_model(tiny_en_bundle, threads=2, compute_type="int8")  # ... and this one maps their weights
+    caches = tiny_en_bundle / ".ort-cache"
+    encoder = list(caches.glob(f"AudioEncoder.int8.*/{CACHED_WEIGHTS}"))
+    decoder = list(caches.glob(f"TextDecoderSequence.int8.*/{CACHED_WEIGHTS}"))
+    assert _resident_kib(decoder) > 20_000  # touched while the session was created: the 8-bit weights
+    mel = model.log_mel(load_audio(str(tiny_en_bundle.parents[1] / "examples" / "jfk.flac")))
+    first = model.encode(mel)
+    assert (_resident_kib(encoder), _resident_kib(decoder)) == (0, 0)
+    again = model.encode(mel)  # the encoder's weights mapped back from the page cache: the same numbers
+    for name, value in first.cross.feeds.items():
+        np.testing.assert_array_equal(again.cross.feeds[name], value)
+    tokenizer = model.tokenizer()
+    with model.decoding_state(1) as state:
+        logits, _ = model.decoder.forward(state, np.array([tokenizer.sot_sequence_including_notimestamps]), again.cross)
+    assert _resident_kib(decoder) > 20_000 and _resident_kib(encoder) == 0
+    assert tokenizer.decode([int(logits[0, -1].argmax())]) == " And"  # JFK's first word, as before the release

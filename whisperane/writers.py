@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -68,7 +67,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
 def _create_temp(path: Path) -> Path:
     # O_EXCL with mode 0o666 gives the permissions an ordinary open() would (umask applies).
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             return tmp
