@@ -6,6 +6,7 @@ Both run the same components with the same tensor names, so everything above thi
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import platform
@@ -49,15 +50,20 @@ def _optimized_cache_dir(path: Path, ort) -> Path:
     """Where the session's optimized graph is kept: per ONNX Runtime version and CPU (the optimized graph may
     use layouts specific to this processor), next to the component, named after its size and mtime so a
     rebuilt component never meets a stale cache."""
-    flags = ""
+    st = path.stat()
+    key = _sha256(f"{ort.__version__}|{platform.machine()}|{_cpu_flags()}|{st.st_size}|{st.st_mtime_ns}".encode())[:16]
+    return path.parent / ".ort-cache" / f"{path.stem}.{key}"
+
+
+@functools.cache
+def _cpu_flags() -> str:
+    """The processor's feature flags (Linux's /proc/cpuinfo; empty elsewhere), read once a process: the file is
+    long on a many-core machine (7 ms a read on 2 cores, once for each component before)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            return next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        pass
-    st = path.stat()
-    key = _sha256(f"{ort.__version__}|{platform.machine()}|{flags}|{st.st_size}|{st.st_mtime_ns}".encode())[:16]
-    return path.parent / ".ort-cache" / f"{path.stem}.{key}"
+        return ""
 
 
 def _sha256(data: bytes) -> str:
