@@ -3,13 +3,15 @@ the component itself, and a damaged cache rebuilt rather than trusted."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import shutil
 import sys
 
 import numpy as np
 import pytest
 
-from whisperane.executors import CACHED_GRAPH, CACHED_WEIGHTS, OnnxComponent
+from whisperane.executors import CACHED_GRAPH, CACHED_WEIGHTS, MappedWeights, OnnxComponent, clean_mappings
 
 pytestmark = pytest.mark.slow
 
@@ -87,3 +89,30 @@ def test_weights_leave_the_resident_set_while_the_other_component_runs(tiny_en_b
         logits, _ = model.decoder.forward(state, np.array([tokenizer.sot_sequence_including_notimestamps]), again.cross)
     assert _resident_kib(decoder) > 20_000 and _resident_kib(encoder) == 0
     assert tokenizer.decode([int(logits[0, -1].argmax())]) == " And"  # JFK's first word, as before the release
+
+
+def _present_pages(start: int, length: int) -> int:
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(start // mmap.PAGESIZE * 8)
+        entries = np.frombuffer(pagemap.read(length // mmap.PAGESIZE * 8), dtype=np.uint64)
+    return int((entries >> np.uint64(63)).sum())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are released through /proc/self/pagemap "
+                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")  # fmt: skip
+def test_a_mapping_with_a_page_written_to_is_never_released(tmp_path):
+    """Both mappings are private and copy-on-write, as ONNX Runtime maps weights; one page of the second is
+    written to. Dropping that mapping's pages would lose the write, so only the first is released."""
+    path = tmp_path / "weights.data"
+    content = bytes(range(256)) * (4096 * 4)  # 4 MiB
+    path.write_bytes(content)
+    with open(path, "rb") as f:
+        kept, written = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) for _ in range(2))
+    address = {m: ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in (kept, written)}
+    assert kept[::4096] == written[::4096] == content[::4096]  # every page read: resident
+    written[5000] = 7
+    assert clean_mappings(path) == [(address[kept], address[kept] + len(content))]
+    assert _present_pages(address[kept], len(content)) == len(content) // mmap.PAGESIZE
+    MappedWeights(path).release()
+    assert _present_pages(address[kept], len(content)) == 0
+    assert written[5000] == 7 and kept[:] == content  # the write kept; the released pages read back from the file
