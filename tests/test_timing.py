@@ -197,6 +197,24 @@ def test_word_timing_needs_no_scipy():
     assert out.stdout.strip() == "[]"
 
 
+@given(st.lists(st.floats(0.0, 30.0, allow_nan=False), min_size=1, max_size=60))
+def test_median_is_numpys(durations):
+    values = np.asarray(durations)
+    assert whisperane.timing.median(values) == float(np.median(values))
+
+
+def test_word_durations_need_no_numpy_ma():
+    """numpy's median imports numpy.ma at its first call (18 ms of a short file's run); the word-duration limits
+    do without it."""
+    code = (
+        "import sys, numpy as np, whisperane.timing as t; "
+        "t.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)]); "
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['numpy', 'ma']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_dtw_rejects_bad_cost_matrices():
     for bad in [np.zeros((0, 3)), np.zeros(4), np.array([[0.0, np.nan]]), np.array([[np.inf]])]:
         with pytest.raises(ValueError, match="cost matrix"):
