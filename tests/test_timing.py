@@ -186,15 +186,17 @@ def test_dtw_tie_rule_differs_from_openai():
     assert x[ti, tj].sum() == x[oi, oj].sum() == 4
 
 
+def _modules_loaded_by(code: str, *packages: str) -> list[str]:
+    """The modules in ``packages`` (and below them) that a fresh interpreter holds after running ``code``."""
+    probe = (f"import sys, numpy as np, whisperane, whisperane.timing as t; {code}; "
+             f"print([m for m in sorted(sys.modules) if any(m == p or m.startswith(p + '.') for p in {packages!r})])")  # fmt: skip
+    return eval(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+
+
 def test_word_timing_needs_no_scipy():
     """DTW and the median filter run without dtw-python's scipy import (0.8 s of an 11 s file's run)."""
-    code = (
-        "import sys, numpy as np, whisperane, whisperane.timing as t; "
-        "t.dtw(-np.random.default_rng(0).random((5, 40))); t.median_filter(np.ones((2, 5, 40)), 7); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'dtw')))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    code = "t.dtw(-np.random.default_rng(0).random((5, 40))); t.median_filter(np.ones((2, 5, 40)), 7)"
+    assert _modules_loaded_by(code, "scipy", "dtw") == []
 
 
 @given(st.lists(st.floats(0.0, 30.0, allow_nan=False), min_size=1, max_size=60))
@@ -206,13 +208,8 @@ def test_median_is_numpys(durations):
 def test_word_durations_need_no_numpy_ma():
     """numpy's median imports numpy.ma at its first call (18 ms of a short file's run); the word-duration limits
     do without it."""
-    code = (
-        "import sys, numpy as np, whisperane.timing as t; "
-        "t.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)]); "
-        "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['numpy', 'ma']))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    code = "t.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)])"
+    assert _modules_loaded_by(code, "numpy.ma") == []
 
 
 def test_dtw_rejects_bad_cost_matrices():
