@@ -39,6 +39,11 @@ MIN_PSNR = 35.0
 # float32 ONNX components against the torch modules they were exported from: measured >= 129.0 dB on every
 # component (the same arithmetic up to operation order), so a floor far above the design's 35 dB.
 ONNX_PSNR = 100.0
+# ... except TextDecoderSequence's token log-probabilities: each is a logit less the log of a float32 sum of 50,257
+# exponentials, which ONNX Runtime and torch add in different orders, so every value carries the sum's rounding
+# (~1e-6 of it): tiny.en 98.5 dB (3.4e-5 RMS on values up to 2.8) on an AVX2 CPU (AMD Zen 3), >= 100 dB on AVX-512
+# ones; base 111 dB. The floor is twice that error (7e-5 RMS): a normaliser off by 1e-3 reads 69 dB.
+LOGPROB_PSNR = 92.0
 
 torch.set_grad_enabled(False)
 # One thread: the one-token decoder loops are hundreds of tiny ops, and with two OpenMP threads on a busy
@@ -352,7 +357,8 @@ def test_onnx_decoder_sequence_matches_torch(case):
     out = case.session("TextDecoderSequence").run(None, feeds)
     names = ("logits", "key updates", "value updates", "alignment weights", "token log-probabilities")
     for r, x, what in zip(ref, out, names, strict=True):
-        assert_psnr(r, x, f"{case.name} TextDecoderSequence.onnx {what}", floor=ONNX_PSNR)
+        floor = LOGPROB_PSNR if what == "token log-probabilities" else ONNX_PSNR
+        assert_psnr(r, x, f"{case.name} TextDecoderSequence.onnx {what}", floor=floor)
     # All tokens in one call equal the one-token path through the cache; the log-probabilities are the
     # one-token path's logits normalised over the text vocabulary (the host's former computation).
     t = len(case.tokens)
