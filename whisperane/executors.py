@@ -115,9 +115,8 @@ class OnnxComponent:
         available = ort.get_available_providers()
         providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
         cached = _optimized_cache_dir(path, ort) if providers == ["CPUExecutionProvider"] else None
-        self.session = self._open_cached(ort, cached, threads) if cached is not None else None
         # only a session opened from the saved graph maps its weights file; another reads it into the heap
-        self._weights = MappedWeights(cached / CACHED_WEIGHTS) if self.session is not None else None
+        self.session, self.mapped_weights = self._open_cached(ort, cached, threads) if cached is not None else (None, None)
         if self.session is None:
             self.session = self._open_and_cache(ort, path, cached, threads, providers)
         self.name = path.stem
@@ -127,16 +126,21 @@ class OnnxComponent:
 
     @classmethod
     def _open_cached(cls, ort, cached: Path, threads: int | None):
-        """The session from the saved optimized graph, as saved (no optimizer pass), or None."""
+        """The session from the saved optimized graph, as saved (no optimizer pass), and the mappings of its
+        weights file that it made (``MappedWeights``); (None, None) without a usable cache."""
         if not (cached / CACHED_GRAPH).is_file():
-            return None
+            return None, None
         opts = cls._options(ort, threads)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            return ort.InferenceSession(str(cached / CACHED_GRAPH), opts, providers=["CPUExecutionProvider"])
+            with _OPENING:  # another session of the same file, opened meanwhile, would map it too
+                before = set(file_mappings(cached / CACHED_WEIGHTS))
+                session = ort.InferenceSession(str(cached / CACHED_GRAPH), opts, providers=["CPUExecutionProvider"])
+                made = [r for r in file_mappings(cached / CACHED_WEIGHTS) if r not in before]
+            return session, MappedWeights(made)
         except Exception:  # a damaged cache: removed, and rebuilt from the component
             shutil.rmtree(cached, ignore_errors=True)
-            return None
+            return None, None
 
     @classmethod
     def _open_and_cache(cls, ort, path: Path, cached: Path | None, threads: int | None, providers: list[str]):
@@ -191,47 +195,66 @@ class OnnxComponent:
         return dict(zip(names, values, strict=True))
 
     def release_weights(self) -> None:
-        if self._weights is not None:
-            self._weights.release()
+        if self.mapped_weights is not None:
+            self.mapped_weights.release()
+
+
+_OPENING = threading.Lock()
 
 
 class MappedWeights:
-    """The pages of a saved graph's weights file (``weights.data``) that ONNX Runtime maps into this process,
-    copy-on-write, and reads from where they lie. They count in the resident set once touched, although the
-    page cache holds them anyway: ``release`` drops them from this process's page tables (``MADV_DONTNEED``),
-    and the next run maps them back from the page cache (the kernel maps up to 16 cached pages a fault: tiny.en's
-    decoder, 38 MB, in under a millisecond). A mapping with a page that is no longer the file's (written to,
-    copied on write) is never released, since dropping it would lose the write: the check is made on the first
-    release, after the session's first run (ONNX Runtime does not write to its initializers; none did when
-    measured). Linux only: a no-op elsewhere or where /proc/self/maps or /proc/self/pagemap cannot be read."""
+    """The mappings of a saved graph's weights file (``weights.data``) that one session made: ONNX Runtime maps
+    the file copy-on-write and reads the weights where they lie, file pages that count in the resident set once
+    touched although the page cache holds them anyway. ``release`` drops them from this process's page tables
+    (``MADV_DONTNEED``), and the next run maps them back from the page cache (the kernel maps up to 16 cached
+    pages a fault: tiny.en's decoder, 38 MB, in under a millisecond).
 
-    def __init__(self, path: Path):
-        self._path = path
-        self._ranges: list[tuple[int, int]] | None = None
+    Dropping pages is only safe where they are the file's. The ranges are those the session made while it
+    opened, which stay mapped until the session is freed with its component: another session of the same file
+    (a second model loaded from the bundle) has its own, unmapped when that one is freed and their addresses
+    reused. And a range is released only if every resident page of it is a file page, checked at the first
+    release, after the session's first run: a page written to (copied on write) would lose the write (ONNX
+    Runtime does not write to its initializers; none was when measured). Linux only: no mappings are found
+    elsewhere."""
+
+    def __init__(self, ranges: list[tuple[int, int]]):
+        self._ranges = ranges
+        self._checked = False
         self._lock = threading.Lock()
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The address ranges (start, end) this session's weights are mapped at."""
+        return list(self._ranges)
 
     def release(self) -> None:
         with self._lock:
-            if self._ranges is None:
-                self._ranges = clean_mappings(self._path)
-            ranges = self._ranges
-        madvise = _madvise_dontneed()
-        for start, end in ranges:
-            madvise(start, end - start)
+            if not self._checked:
+                self._ranges, self._checked = file_pages_only(self._ranges), True
+            madvise = _madvise_dontneed()
+            for start, end in self._ranges:
+                madvise(start, end - start)
 
 
-def clean_mappings(path: Path) -> list[tuple[int, int]]:
-    """The address ranges of this process's mappings of ``path`` (by device and inode, or by path where a
-    filesystem such as overlayfs reports others in the memory map) all of whose resident pages are the file's
-    own. /proc/self/pagemap tells, per page: present (bit 63), swapped (62: only anonymous pages swap), and
-    a file page (61); reading it takes a millisecond where /proc/self/smaps took 20 (it counts every mapping)."""
+def file_mappings(path: Path) -> list[tuple[int, int]]:
+    """The address ranges where this process maps ``path`` (by device and inode, or by path where a filesystem
+    such as overlayfs reports others in /proc/self/maps); none where that cannot be read."""
     try:
         st, real = path.stat(), os.path.realpath(path)
         with open("/proc/self/maps") as f:
             lines = f.read().splitlines()
-        ranges = [r for r in map(_mapping_of(st, real), lines) if r is not None]
-        if not ranges:
-            return []
+    except OSError:
+        return []
+    return [r for r in map(_mapping_of(st, real), lines) if r is not None]
+
+
+def file_pages_only(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges all of whose resident pages are file pages. /proc/self/pagemap tells, per page: present (bit
+    63), swapped (62: only anonymous pages swap), a file page (61); reading it takes a millisecond where
+    /proc/self/smaps took 20 (it counts every mapping of the process)."""
+    if not ranges:
+        return []
+    try:
         with open("/proc/self/pagemap", "rb") as pagemap:
             return [r for r in ranges if _file_pages_only(pagemap, *r)]
     except OSError:
