@@ -245,7 +245,7 @@ def file_mappings(path: Path) -> list[tuple[int, int]]:
             lines = f.read().splitlines()
     except OSError:
         return []
-    return [r for r in map(_mapping_of(st, real), lines) if r is not None]
+    return [r for line in lines if (r := _mapped_range(line, st, real)) is not None]
 
 
 def file_pages_only(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -261,21 +261,17 @@ def file_pages_only(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return []
 
 
-def _mapping_of(st: os.stat_result, real: str):
-    """A /proc/self/maps line -> its address range where it maps the file (``st``, ``real``), else None."""
-
-    def parse(line: str) -> tuple[int, int] | None:
-        fields = line.split(maxsplit=5)
-        if len(fields) < 5:
-            return None
-        major, _, minor = fields[3].partition(":")
-        device = os.makedev(int(major, 16), int(minor, 16))
-        if (device, int(fields[4])) != (st.st_dev, st.st_ino) and (fields[5:] or [""])[0].strip() != real:
-            return None
-        start, _, end = fields[0].partition("-")
-        return int(start, 16), int(end, 16)
-
-    return parse
+def _mapped_range(line: str, st: os.stat_result, real: str) -> tuple[int, int] | None:
+    """A /proc/self/maps line's address range where it maps the file (``st``, ``real``), else None."""
+    fields = line.split(maxsplit=5)
+    if len(fields) < 5:
+        return None
+    major, _, minor = fields[3].partition(":")
+    device = os.makedev(int(major, 16), int(minor, 16))
+    if (device, int(fields[4])) != (st.st_dev, st.st_ino) and (fields[5:] or [""])[0].strip() != real:
+        return None
+    start, _, end = fields[0].partition("-")
+    return int(start, 16), int(end, 16)
 
 
 def _file_pages_only(pagemap, start: int, end: int) -> bool:
@@ -286,22 +282,17 @@ def _file_pages_only(pagemap, start: int, end: int) -> bool:
     return not bool(((present & (file ^ np.uint64(1))) | swapped).any())
 
 
-_madvise = None
-
-
+@functools.cache
 def _madvise_dontneed():
     """``madvise(start, length, MADV_DONTNEED)`` through libc, or a no-op where there is none."""
-    global _madvise
-    if _madvise is None:
-        _madvise = lambda start, length: None  # noqa: E731
-        if sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                call = ctypes.CDLL(None, use_errno=True).madvise
-                call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                _madvise = lambda start, length: call(start, length, mmap.MADV_DONTNEED)  # noqa: E731
-            except (OSError, AttributeError):
-                pass
-    return _madvise
+    if sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            call = ctypes.CDLL(None, use_errno=True).madvise
+            call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            return lambda start, length: call(start, length, mmap.MADV_DONTNEED)
+        except (OSError, AttributeError):
+            pass
+    return lambda start, length: None
 
 
 def release_freed_memory() -> None:

@@ -107,7 +107,7 @@ class WhisperaneModel:
 
         The decoder's weights are idle while the encoder runs, and the encoder's until the next window: each
         leaves the resident set while the other works (``Component.release_weights``), so the peak holds one
-        component's weights, not both (JFK peak RSS: tiny.en 195 -> 173 MiB, base 276 -> 224 MiB)."""
+        component's weights, not both (JFK peak RSS, whole process: tiny.en 201 -> 168 MiB, base ~276 -> 218 MiB)."""
         self._sessions.release_decoder_weights()
         out = self._sessions.encoder.run({"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)},
                                          self._cross_outputs)
