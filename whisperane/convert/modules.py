@@ -45,8 +45,17 @@ def sdpa_einsum(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[T
     if mask is not None:
         scores = scores + mask
     w = scores.softmax(dim=-1)
-    out = torch.matmul(v, w.transpose(2, 3))  # [B, H, Dh, Tq]
-    return out, w
+    return weighted_values(w, v), w
+
+
+def weighted_values(w: Tensor, v: Tensor) -> Tensor:
+    """Attention weights [B, H, Tq, Tk] applied to values [B', H, Dh, Tk] -> [B, H, Dh, Tq].
+
+    Computed as w @ v^T, transposed after: ``v @ w^T`` becomes ONNX Runtime's FusedMatMul(v, w, transB), whose
+    CPU kernel packs w for a product of one column when Tq = 1 (the one-token step): 2.6x the time of this form
+    for one row, 2.1x at 8 rows (tiny.en's 1500-frame cross values, per layer); w @ v^T is faster at Tq = 97-224
+    as well (0.45 against 0.59 ms, 0.95 against 1.12 ms)."""
+    return torch.matmul(w, v.transpose(2, 3)).transpose(2, 3)
 
 
 def sdpa_cached(q: Tensor, cached: tuple[Tensor, Tensor, Tensor], new: tuple[Tensor, Tensor, Tensor]) -> Tensor:
@@ -57,7 +66,7 @@ def sdpa_cached(q: Tensor, cached: tuple[Tensor, Tensor, Tensor], new: tuple[Ten
     qs = (q * head_scale(q)).transpose(2, 3)  # [B, H, T, Dh]
     w = torch.cat([torch.matmul(qs, kc) + mc, torch.matmul(qs, kn) + mn], dim=3).softmax(dim=-1)
     wc, wn = torch.split(w, [kc.shape[3], kn.shape[3]], dim=3)
-    return torch.matmul(vc, wc.transpose(2, 3)) + torch.matmul(vn, wn.transpose(2, 3))  # [B, H, Dh, T]
+    return weighted_values(wc, vc) + weighted_values(wn, vn)  # [B, H, Dh, T]
 
 
 def sdpa_split_heads(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
