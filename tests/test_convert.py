@@ -240,7 +240,7 @@ def case(request) -> Case:
     # torch's threads are process-wide and other modules set them (the openai-whisper reference, test_beam.py);
     # the torch references here are computed at one thread, as this module sets at import: run after test_beam
     # at two threads, the encoder's output moved by float32 rounding and the int8 decoder's worst text-token
-    # probability against it from 0.017 to 0.033 (tiny.en, AVX2), over INT8_PROBABILITY_ERROR.
+    # probability against it from 0.017 to 0.033 (tiny.en, AVX2): see INT8_PROBABILITY_ERROR for that spread.
     torch.set_num_threads(1)
     if request.param == "tiny.en":
         return Case(
@@ -445,9 +445,14 @@ def test_onnx_int8_encoder_close_to_torch(case):
 
 
 INT8_LOGITS_PSNR = 40.0  # measured 50.5-52.3 dB on logits, >= 50.9 dB on every output (tiny.en, base)
-# the alignment pass's token probabilities against float32's, largest difference: measured 0.016 (tiny.en),
-# 0.021 (base)
-INT8_PROBABILITY_ERROR = 0.03
+# The alignment pass's token probabilities against float32's. The largest difference of a clip is one token's, and
+# it moves with the int8 activations' rounding: with the cross K/V scaled by 1 + N(0, s) for s = 0 ... 1.4e-5 (15
+# runs, the bundle's float32 graph as reference), it ranged 0.009-0.045 on tiny.en/JFK and 0.015-0.037 on base/es,
+# the same for converter revisions 12 and 13 (above 0.03 in 5-6 of 15 runs: 0.03 was a coin toss). The mean
+# difference is steady: 0.0028-0.0035 (tiny.en), 0.0055-0.0070 (base). A normaliser over the whole vocabulary
+# (timestamps too) instead of the text's reads 0.10 / 0.26 at the worst token.
+INT8_PROBABILITY_ERROR = 0.06
+INT8_PROBABILITY_MEAN_ERROR = 0.01
 
 
 @pytest.mark.slow
@@ -477,7 +482,8 @@ def test_onnx_int8_decoder_close_to_torch(case, calls):
         out = run(feeds)
         got = [out[0][: len(case.tokens)], out[1][0, :, 0].T, out[2][0, :, 0].T, out[3][0].transpose(1, 0, 2)]
         want = text_logprobs(ref.logits, case.tokens, feeds["logprob_positions"], eot)
-        assert np.abs(np.exp(out[4][0]) - np.exp(want)).max() < INT8_PROBABILITY_ERROR
+        error = np.abs(np.exp(out[4][0]) - np.exp(want))
+        assert error.max() < INT8_PROBABILITY_ERROR and error.mean() < INT8_PROBABILITY_MEAN_ERROR
     for r, x, what in zip(
         (ref.logits, ref.key_updates, ref.value_updates, ref.alignment_weights), got,
         ("logits", "key updates", "value updates", "alignment weights"), strict=True,
