@@ -162,3 +162,18 @@ def test_each_session_releases_only_the_mappings_it_made(encoder_copy):
     assert _resident_kib([weights]) == 0
     for key, value in second.run(mel).items():
         np.testing.assert_array_equal(value, before[key])
+
+
+def test_only_the_decoders_threads_spin_between_calls(tiny_en_bundle):
+    """The one-token steps follow one another, so the decoders' threads wait spinning; the log-mel's and the
+    encoder's next call is far off, and their spinning slowed the component that runs next (loading.SPINNING_ROLES)."""
+    from whisperane.loading import load_model
+
+    sessions = load_model(tiny_en_bundle, threads=2)._sessions
+
+    def spins(component) -> str:
+        return component.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+    assert sessions.get_sequence() is None  # the int8 bundle's one decoder session serves every decoder call
+    assert spins(sessions.decoder) == "1"
+    assert (spins(sessions.encoder), spins(sessions.mel), spins(sessions.prefill())) == ("0", "0", "0")

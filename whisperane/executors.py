@@ -110,27 +110,28 @@ class OnnxComponent:
     160-200 ms with a 14 MB lower peak while loading, for twice the disk (68 MB against 32 MB).
     """
 
-    def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None):
+    def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None,
+                 spinning: bool = True):  # fmt: skip
         ort = _ort()
         available = ort.get_available_providers()
         providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
         cached = _optimized_cache_dir(path, ort) if providers == ["CPUExecutionProvider"] else None
         # only a session opened from the saved graph maps its weights file; another reads it into the heap
-        self.session, self.mapped_weights = self._open_cached(ort, cached, threads) if cached is not None else (None, None)
+        options = functools.partial(self._options, ort, threads, spinning)  # fresh options for each attempt
+        self.session, self.mapped_weights = self._open_cached(ort, cached, options()) if cached is not None else (None, None)
         if self.session is None:
-            self.session = self._open_and_cache(ort, path, cached, threads, providers)
+            self.session = self._open_and_cache(ort, path, cached, options(), providers)
         self.name = path.stem
         self.inputs = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
         self.outputs = {o.name: tuple(o.shape) for o in self.session.get_outputs()}
         self._output_names = list(self.outputs)
 
     @classmethod
-    def _open_cached(cls, ort, cached: Path, threads: int | None):
+    def _open_cached(cls, ort, cached: Path, opts):
         """The session from the saved optimized graph, as saved (no optimizer pass), and the mappings of its
         weights file that it made (``MappedWeights``); (None, None) without a usable cache."""
         if not (cached / CACHED_GRAPH).is_file():
             return None, None
-        opts = cls._options(ort, threads)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             with _OPENING:  # another session of the same file, opened meanwhile, would map it too
@@ -143,10 +144,9 @@ class OnnxComponent:
             return None, None
 
     @classmethod
-    def _open_and_cache(cls, ort, path: Path, cached: Path | None, threads: int | None, providers: list[str]):
+    def _open_and_cache(cls, ort, path: Path, cached: Path | None, opts, providers: list[str]):
         """The session from the component, its optimized graph and prepacked weights saved in a directory that
         is renamed into place whole (a concurrent loader sees all of it or nothing)."""
-        opts = cls._options(ort, threads)
         work = None
         if cached is not None:
             try:
@@ -171,9 +171,13 @@ class OnnxComponent:
         return session
 
     @staticmethod
-    def _options(ort, threads: int | None):
+    def _options(ort, threads: int | None, spinning: bool = True):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or 0
+        # A session's worker threads spin for a while after each call, waiting for the next one: right for the
+        # decoder's back-to-back steps, but a session whose next call is far off spins on a core another session
+        # needs (see loading.SPINNING_ROLES).
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -382,10 +386,11 @@ def coreml_shape(feature) -> tuple:
     return tuple(int(d) if r.lowerBound == r.upperBound else "batch" for d, r in zip(array.shape, ranges, strict=True))
 
 
-def open_component(bundle: Path, rel: str, executor: str, threads: int | None, compute_units: str) -> Component:
+def open_component(bundle: Path, rel: str, executor: str, threads: int | None, compute_units: str,
+                   spinning: bool = True) -> Component:  # fmt: skip
     path = bundle / rel
     if executor == "onnx":
-        return OnnxComponent(path, threads)
+        return OnnxComponent(path, threads, spinning=spinning)
     compiled = path.with_suffix(".mlmodelc")  # compiled on macOS next to the package
     return CoreMLComponent(compiled if compiled.exists() else path, compute_units)
 
