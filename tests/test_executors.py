@@ -164,16 +164,18 @@ def test_each_session_releases_only_the_mappings_it_made(encoder_copy):
         np.testing.assert_array_equal(value, before[key])
 
 
-def test_only_the_decoders_threads_spin_between_calls(tiny_en_bundle):
-    """The one-token steps follow one another, so the decoders' threads wait spinning; the log-mel's and the
-    encoder's next call is far off, and their spinning slowed the component that runs next (loading.SPINNING_ROLES)."""
+def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
+    """The one-token steps follow one another, so their session's threads wait spinning; every other component's
+    next call is far off, and their spinning slowed the component that runs next (loading.SPINNING_ROLES)."""
     from whisperane.loading import load_model
-
-    sessions = load_model(tiny_en_bundle, threads=2)._sessions
 
     def spins(component) -> str:
         return component.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
 
-    assert sessions.get_sequence() is None  # the int8 bundle's one decoder session serves every decoder call
-    assert spins(sessions.decoder) == "1"
-    assert (spins(sessions.encoder), spins(sessions.mel), spins(sessions.prefill())) == ("0", "0", "0")
+    int8 = load_model(tiny_en_bundle, threads=2, compute_type="int8")._sessions
+    assert int8.get_sequence() is None  # the int8 kind's one decoder session takes every decoder call
+    float32 = load_model(tiny_en_bundle, threads=2, compute_type="float32")._sessions
+    for sessions in (int8, float32):
+        assert spins(sessions.decoder) == "1"
+        assert (spins(sessions.encoder), spins(sessions.mel), spins(sessions.prefill())) == ("0", "0", "0")
+    assert spins(float32.get_sequence()) == "0"  # prompts and alignment passes, one call each

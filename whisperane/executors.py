@@ -171,7 +171,7 @@ class OnnxComponent:
         return session
 
     @staticmethod
-    def _options(ort, threads: int | None, spinning: bool = True):
+    def _options(ort, threads: int | None, spinning: bool):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or 0
         # A session's worker threads spin for a while after each call, waiting for the next one: right for the
