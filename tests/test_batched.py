@@ -136,17 +136,20 @@ def test_no_batched_word_starts_in_an_inserted_gap(results, gapped, draw):
 
 def test_windows_encoded_one_call_each_fill_their_batch_rows(model, english_clips):
     """Batched mode's encoder step: every row of the batch is bitwise the window encoded alone (the int8
-    encoder's activation scale is per call, so a row must never be computed beside others)."""
-    from whisperane.chunked import _encode_each
-
+    encoder's activation scale is per call, so a row must never be computed beside others), also when a later
+    step reuses the batch's arrays for fewer windows."""
     mels = [model.log_mel(clip.audio[: 30 * SAMPLE_RATE]) for clip in english_clips[:3]]
-    batch = _encode_each(model, mels)
-    assert batch.cross.batch == len(mels)
-    for i, mel in enumerate(mels):
+    batch = model.encode_rows(mels)
+    arrays = {name: value.ctypes.data for name, value in batch.feeds.items()}
+    assert batch.batch == len(mels)
+    later = [mels[2], mels[0]]
+    reused = model.encode_rows(later, batch)
+    assert reused is batch and {n: v.ctypes.data for n, v in reused.feeds.items()} == arrays
+    for mel, row in [*zip(later, (0, 1), strict=True), (mels[2], 2)]:
         alone = model.encode(mel)
-        assert batch.cross.feeds.keys() == alone.cross.feeds.keys()
+        assert reused.feeds.keys() == alone.cross.feeds.keys()
         for name, value in alone.cross.feeds.items():
-            np.testing.assert_array_equal(batch.cross.feeds[name][i : i + 1], value)
+            np.testing.assert_array_equal(reused.feeds[name][row : row + 1], value)
 
 
 def test_five_minutes_of_silence_and_noise_give_no_text(model):

@@ -62,6 +62,24 @@ def test_cached_graph_gives_the_components_outputs(encoder_copy):
     assert not stale.exists()
 
 
+def test_outputs_written_in_place_are_the_runs_outputs(encoder_copy):
+    """run_into binds the caller's arrays as the outputs (batched mode's encoder writes into its batch's rows)."""
+    component = OnnxComponent(encoder_copy, threads=2)
+    name, shape = next(iter(component.inputs.items()))
+    mel = np.random.default_rng(0).standard_normal((1, *shape[1:])).astype(np.float32)
+    expected = component.run({name: mel})
+    wanted = [n for n in expected if n.startswith("encoder_attn_")]
+    rows = {n: np.zeros((3, *expected[n].shape[1:]), np.float32) for n in wanted}
+    component.run_into({name: mel}, {n: rows[n][1:2] for n in wanted})
+    for n in wanted:
+        np.testing.assert_array_equal(rows[n][1:2], expected[n])
+        assert not rows[n][0].any() and not rows[n][2].any()  # only the row bound was written
+    shape = expected[wanted[0]].shape
+    strided = np.zeros((*shape[:-1], 2 * shape[-1]), np.float32)[..., ::2]  # every other float: not contiguous
+    with pytest.raises(ValueError, match="C-contiguous"):
+        component.run_into({name: mel}, {wanted[0]: strided})
+
+
 def _resident_kib(files) -> int:
     """Resident KiB of this process's mappings of ``files`` (by inode), from /proc/self/smaps."""
     inodes, total, ours = {f.stat().st_ino for f in files}, 0, False

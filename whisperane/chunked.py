@@ -3,7 +3,7 @@
 The speech regions (at most 30 s each) are split into ``batch_size`` lanes of consecutive regions with about
 equal speech. Each lane is the sequential loop over its speech alone (as ``vad_filter``): 30 s windows from
 the seek, its own previous text as the prompt, the seek guard, openai's rules. The lanes advance together: per
-step, the next window of every lane goes through the encoder (a call each: ``_encode_each`` says why) and
+step, the next window of every lane goes through the encoder (a call each: ``WhisperaneModel.encode_rows`` says why) and
 through the decoder in one call per token (each row at its own cache position, with its own prompt, cross K/V,
 timestamp rules and stopping: ``decoding.decode_windows``); a window whose greedy result fails openai's
 checks is decoded again alone at the following temperatures, and the rest of its loop (words, seek) is the
@@ -18,7 +18,6 @@ from dataclasses import replace
 import numpy as np
 
 from .audio import SAMPLE_RATE, AudioStream
-from .decoder import CrossAttention
 from .decoding import decode_windows, detect_language
 from .model import EncodedWindow, WhisperaneModel
 from .options import TranscribeOptions
@@ -149,9 +148,10 @@ def _run_lanes(model: WhisperaneModel, lanes: list[Transcription], options: Tran
                progress: Callable[[float], None]) -> None:  # fmt: skip
     """Step every lane that has a window left: their windows encoded, decoded greedily in one call per token,
     then each finished by its own loop (fallback, words, seek)."""
-    tokenizer = decoding = None
+    tokenizer = decoding = rows = None
     while batch := [(lane, w) for lane in lanes if (w := lane.next_window()) is not None]:
-        enc = _encode_each(model, [w.mel for _, w in batch])
+        rows = model.encode_rows([w.mel for _, w in batch], rows)  # one batch of arrays for every step
+        enc = EncodedWindow(rows.first_rows(len(batch)))
         if tokenizer is None:  # the first step: the language, from the first lane's first window
             tokenizer, language_probs = _language(model, enc, options)
             for lane in lanes:
@@ -160,34 +160,9 @@ def _run_lanes(model: WhisperaneModel, lanes: list[Transcription], options: Tran
         results = decode_windows(model, enc, decoding, tokenizer, [lane.prompt for lane, _ in batch])
         for i, (lane, w) in enumerate(batch):
             lane.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
-        enc = results = None  # this batch's cross K/V go before the next batch is encoded, not after
+        enc = results = None
         done = sum(min(lane.seek, lane.content_frames) for lane in lanes)
         progress(done / sum(lane.content_frames for lane in lanes))
-
-
-def _encode_each(model: WhisperaneModel, mels: list[np.ndarray]) -> EncodedWindow:
-    """The windows encoded one call each, into one batch for the decoder. The int8 encoder quantizes its
-    activations with one scale per call, so in a batched call a window's encoding would depend on the windows
-    beside it (the 10-minute file's WER moved 4.42 -> 4.15 % with nothing else changed); one call a window gives
-    every window the encoding the sequential loop gives it. The cost on the CPU is small or none (tiny.en, 8
-    windows: 3.95 s / 427 MB peak RSS in one call against 3.77 s / 319 MB one by one in one measurement, 418
-    against 485 ms a window in another).
-
-    Each window's outputs are copied into the batch's arrays as soon as it is encoded: every window's outputs
-    held until a concatenation at the end, beside that concatenation and the previous batch's, were three
-    copies of the cross K/V (base, 8 windows: 295 MB each) at the peak of batched mode."""
-    if len(mels) == 1:
-        return model.encode(mels[0])
-    batch: EncodedWindow | None = None
-    for i, mel in enumerate(mels):
-        window = model.encode(mel)
-        if batch is None:
-            rows = lambda a: np.empty((len(mels), *a.shape[1:]), a.dtype)  # noqa: E731
-            cross = CrossAttention({name: rows(a) for name, a in window.cross.feeds.items()}, len(mels))
-            batch = EncodedWindow(cross)
-        for name, a in window.cross.feeds.items():
-            batch.cross.feeds[name][i] = a[0]
-    return batch
 
 
 def _language(model: WhisperaneModel, enc: EncodedWindow, options: TranscribeOptions) -> tuple[Tokenizer, dict | None]:

@@ -279,19 +279,28 @@ def _concatenated(outputs: dict[str, np.ndarray], which: str, n_layer: int) -> n
     return np.concatenate([outputs[f"{which}_{i}"] for i in range(n_layer)], axis=1)
 
 
-def cross_attention_reader(encoder_outputs: dict, decoder_inputs: dict, n_layer: int) -> Callable[[dict], CrossAttention]:
-    """How the encoder's outputs become the decoder's cross inputs: as they are, or concatenated over layers
-    (a per-layer encoder feeding a decoder of the contract). Chosen once, at load time."""
-    names = [n for n in decoder_inputs if n.startswith("encoder_attn_")]
+@dataclass(frozen=True)
+class CrossAttentionReader:
+    """How the encoder's outputs become the decoder's cross inputs (``names``): as they are (``in_place``: the
+    encoder can write them straight into a batch's arrays), or concatenated over the ``n_layer`` layers (a
+    per-layer encoder feeding a decoder of the contract). Chosen once, at load time."""
+
+    names: tuple[str, ...]
+    in_place: bool
+    n_layer: int
+
+    def __call__(self, out: dict[str, np.ndarray]) -> CrossAttention:
+        feeds = {n: out[n] if self.in_place else _concatenated(out, n, self.n_layer) for n in self.names}
+        return CrossAttention(feeds, feeds[self.names[0]].shape[0])
+
+
+def cross_attention_reader(encoder_outputs: dict, decoder_inputs: dict, n_layer: int) -> CrossAttentionReader:
+    names = tuple(n for n in decoder_inputs if n.startswith("encoder_attn_"))
     missing = [n for n in names if n not in encoder_outputs]
     if not missing:
-        return lambda out: CrossAttention({n: out[n] for n in names}, out[names[0]].shape[0])
+        return CrossAttentionReader(names, True, n_layer)
     if set(missing) == {"encoder_attn_key_cache", "encoder_attn_value_cache"} and "encoder_attn_key_cache_0" in encoder_outputs:
-        def concatenate(out: dict) -> CrossAttention:
-            feeds = {n: _concatenated(out, n, n_layer) for n in names}
-            return CrossAttention(feeds, feeds[names[0]].shape[0])
-
-        return concatenate
+        return CrossAttentionReader(names, False, n_layer)
     raise ModelError(f"the decoder takes {', '.join(missing)}, which the encoder does not give")
 
 

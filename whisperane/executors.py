@@ -32,6 +32,11 @@ class Component(Protocol):
         what is computed)."""
         ...
 
+    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        """Write the named outputs into the given C-contiguous arrays (of the outputs' shapes and dtypes): in
+        place where the executor can (ONNX Runtime's I/O binding), else computed and copied."""
+        ...
+
     def release_weights(self) -> None:
         """Take the component's weights out of the process's resident set until its next run, where the
         executor can do so without a copy (ONNX Runtime's mapped weights file); a no-op elsewhere."""
@@ -197,6 +202,16 @@ class OnnxComponent:
         names = outputs or self._output_names
         values = self.session.run(names, feeds)
         return dict(zip(names, values, strict=True))
+
+    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name, array in outputs.items():
+            if not array.flags.c_contiguous or not array.flags.writeable:
+                raise ValueError(f"{self.name}: output {name} must go to a writeable C-contiguous array")
+            binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        self.session.run_with_iobinding(binding)
 
     def release_weights(self) -> None:
         if self.mapped_weights is not None:
@@ -374,6 +389,10 @@ class CoreMLComponent:
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None, state=None) -> dict[str, np.ndarray]:
         out = self.model.predict(feeds) if state is None else self.model.predict(feeds, state=state)
         return {k: np.asarray(v) for k, v in out.items() if outputs is None or k in outputs}
+
+    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        for name, value in self.run(feeds, list(outputs)).items():
+            np.copyto(outputs[name], value.reshape(outputs[name].shape))
 
 
 def coreml_shape(feature) -> tuple:
