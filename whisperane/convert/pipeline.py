@@ -30,7 +30,7 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 13
+CONVERTER_REVISION = 14
 # Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
 # reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
 # the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one
@@ -39,7 +39,8 @@ INT8_COMPONENTS = ("AudioEncoder", "TextDecoderSequence")
 TOKEN_EMBEDDING_FILE = "TokenEmbedding.int8.npy"  # the int8 decoder's token lookup table, read by the host
 INT8_PRECISION = ("TextDecoderSequence (also the one-token decoder): int8 weights (MatMulNBits, blocks of 32), each "
                   "cache one input per layer, token lookup on the host (TokenEmbedding.int8.npy, the same int8 rows); "
-                  "AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel; the MLPs' second projections float32), "
+                  "AudioEncoder: dynamic int8 MatMuls (7-bit weights per channel, activations per tensor; the MLPs' second "
+                  "projections' activations per row), "
                   "cross K/V one output per layer; "
                   "the rest float32")
 

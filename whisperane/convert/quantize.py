@@ -21,7 +21,8 @@ Only the BTC-layout graphs have such MatMuls: the ANE layout's 1x1 convolutions 
 Encoder (:func:`quantize_dynamic_int8`): ``MatMulNBits`` computes one token at a time well but is slower than
 fp32 GEMM on 1500 frames (AVX2), so the encoder's MatMuls use ONNX Runtime's dynamic quantization instead
 (int8 activations per tensor, 7-bit weights per output channel so that AVX2's u8 x s8 pair sums cannot
-saturate): 1.8x the fp32 GEMM's speed. The MLPs' second projections stay float32 (ENCODER_FLOAT_MATMULS).
+saturate): 1.8x the fp32 GEMM's speed. The MLPs' second projections quantize their activations per row
+(ENCODER_ROW_QUANTIZED).
 """
 
 from __future__ import annotations
@@ -145,20 +146,78 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32, host_embedding: Pa
     return len(replaced)
 
 
-# MatMuls left in float32 by the encoder's dynamic quantization: the MLPs' second projection, whose input (GELU's
-# output) is heavy-tailed, so one uint8 scale for the whole tensor leaves little resolution for most values (input
-# SQNR at 8 bits: 18.8 dB in base's block 3, >= 24 dB at every other MatMul). Measured on base, 10-minute English
-# file, int8 decoder: WER 4.69 % with every MatMul quantized, 3.67 % with these in float32 (float32 encoder 3.74 %),
-# for ~10 % more encoder time; tiny.en 4.08 vs 4.15 % (one word).
-ENCODER_FLOAT_MATMULS = "/mlp/fc2/"
+# The MLPs' second projections get int8 activations with a scale and zero point per row (frame) instead of the
+# dynamic quantization's one per tensor: their input (GELU's output) has its outliers in a few frames, so one
+# scale for the whole tensor leaves little resolution for the rest (input SQNR at 8 bits, base on JFK: 16.1 dB
+# per tensor against 37.1 dB per row in block 3, 26-29 against 35-43 dB elsewhere). With one scale per tensor
+# they had to stay float32 (base, 10-minute English file, int8 decoder: WER 4.69 % with them quantized so,
+# 3.67 % in float32, float32 encoder 3.74 %).
+ENCODER_ROW_QUANTIZED = "/mlp/fc2/"
+WEIGHT_LEVELS = 63  # 7-bit weights: AVX2's u8 x s8 pair sums (vpmaddubsw) cannot saturate
 
 
 def quantize_dynamic_int8(src: Path, dst: Path) -> None:
-    """Every MatMul with a constant right operand, but the MLPs' second projection (ENCODER_FLOAT_MATMULS) ->
-    ONNX Runtime's dynamically quantized int8 MatMul."""
+    """Every MatMul with a constant right operand -> ONNX Runtime's dynamically quantized int8 MatMul, but the
+    MLPs' second projections (ENCODER_ROW_QUANTIZED) -> int8 with activations quantized per row."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(src), load_external_data=False)
-    keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and ENCODER_FLOAT_MATMULS in n.name]
+    keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and ENCODER_ROW_QUANTIZED in n.name]
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
                      op_types_to_quantize=["MatMul"], nodes_to_exclude=keep)  # fmt: skip
+    model = onnx.load(str(dst))
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.name in keep and node.input[1] in inits:
+            weight = numpy_helper.to_array(inits[node.input[1]])
+            nodes += _row_quantized_matmul(node, weight, model.graph.initializer)
+        else:
+            nodes.append(node)
+    still_used = {i for n in nodes for i in n.input}
+    for name in [name for name in inits if name not in still_used]:  # the float weights replaced
+        model.graph.initializer.remove(inits[name])
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(dst))
+
+
+def _row_quantized_matmul(node: onnx.NodeProto, weight: np.ndarray, initializers) -> list[onnx.NodeProto]:
+    """``A @ W`` (A [..., K] float, W [K, N] constant) with A quantized per row to uint8 (asymmetric: scale s and
+    zero point z per row) and W per column to 7 bits (scale w): y = s * w * (Aq @ Wq - z * colsum(Wq)). The
+    zero points are applied after the product: ONNX Runtime's MatMulInteger takes one zero point for A."""
+    k, n = weight.shape
+    w_scale = np.maximum(np.abs(weight).max(axis=0), np.finfo(np.float32).tiny) / WEIGHT_LEVELS
+    wq = np.clip(np.rint(weight / w_scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+    p = node.name
+    consts = {f"{p}/wq": wq, f"{p}/w_scale": w_scale.astype(np.float32),
+              f"{p}/colsum": wq.astype(np.float32).sum(axis=0), f"{p}/rows_k": np.array([-1, k], np.int64),
+              f"{p}/zero": np.array(0, np.float32), f"{p}/levels": np.array(255, np.float32),
+              f"{p}/tiny": np.array(np.finfo(np.float32).tiny, np.float32), f"{p}/flat": np.array([-1], np.int64),
+              f"{p}/last": np.array([-1], np.int64), f"{p}/n": np.array([n], np.int64),
+              f"{p}/zero_i": np.array([0], np.int64)}  # fmt: skip
+    initializers.extend(numpy_helper.from_array(v, name) for name, v in consts.items())
+    x, y = node.input[0], node.output[0]
+
+    def op(kind: str, inputs: list[str], out: str, **attrs) -> onnx.NodeProto:
+        return helper.make_node(kind, inputs, [f"{p}/{out}"], name=f"{p}/{out}", **attrs)
+
+    return [
+        op("Reshape", [x, f"{p}/rows_k"], "a"),  # [M, K]
+        op("ReduceMin", [f"{p}/a"], "min", axes=[1]), op("ReduceMax", [f"{p}/a"], "max", axes=[1]),
+        op("Min", [f"{p}/min", f"{p}/zero"], "lo"), op("Max", [f"{p}/max", f"{p}/zero"], "hi"),
+        op("Sub", [f"{p}/hi", f"{p}/lo"], "range"), op("Div", [f"{p}/range", f"{p}/levels"], "step"),
+        op("Max", [f"{p}/step", f"{p}/tiny"], "scale"),  # [M, 1]
+        op("Div", [f"{p}/lo", f"{p}/scale"], "neg_zp"), op("Neg", [f"{p}/neg_zp"], "zp_raw"),
+        op("Round", [f"{p}/zp_raw"], "zp"),  # [M, 1] float, in [0, 255]
+        op("Reshape", [f"{p}/scale", f"{p}/flat"], "scale_m"),
+        op("Cast", [f"{p}/zp"], "zp_u8", to=TensorProto.UINT8), op("Reshape", [f"{p}/zp_u8", f"{p}/flat"], "zp_m"),
+        op("QuantizeLinear", [f"{p}/a", f"{p}/scale_m", f"{p}/zp_m"], "aq", axis=0),
+        op("MatMulInteger", [f"{p}/aq", f"{p}/wq"], "acc"),  # int32 [M, N]
+        op("Cast", [f"{p}/acc"], "accf", to=TensorProto.FLOAT),
+        op("Mul", [f"{p}/zp", f"{p}/colsum"], "offset"), op("Sub", [f"{p}/accf", f"{p}/offset"], "centered"),
+        op("Mul", [f"{p}/scale", f"{p}/w_scale"], "out_scale"), op("Mul", [f"{p}/centered", f"{p}/out_scale"], "y2"),
+        op("Shape", [x], "x_shape"), op("Slice", [f"{p}/x_shape", f"{p}/zero_i", f"{p}/last"], "lead"),
+        op("Concat", [f"{p}/lead", f"{p}/n"], "y_shape", axis=0),
+        helper.make_node("Reshape", [f"{p}/y2", f"{p}/y_shape"], [y], name=f"{p}/y"),
+    ]  # fmt: skip
