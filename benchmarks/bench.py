@@ -255,16 +255,18 @@ class ComponentClock:
 
     Nested calls (a multi-token call falling back to single steps) are counted once, at the outer level."""
 
-    METHODS = ("log_mel", "encode", "step", "forward_tokens")
+    METHODS = ("log_mel", "encode", "step", "forward_tokens", "score_tokens")
 
     def __init__(self, model):
         self.model = model
         self.seconds = dict.fromkeys(self.METHODS, 0.0)
         self.calls = dict.fromkeys(self.METHODS, 0)
         self._depth = 0
-        # the decoder adapter's step and multi-token forward, the model's mel and encoder
+        # the decoder adapter's step, multi-token forward and teacher-forced scoring (the word-alignment pass), the
+        # model's mel and encoder
         self._targets = {"log_mel": (model, "log_mel"), "encode": (model, "encode"),
-                         "step": (model.decoder, "step"), "forward_tokens": (model.decoder, "forward")}  # fmt: skip
+                         "step": (model.decoder, "step"), "forward_tokens": (model.decoder, "forward"),
+                         "score_tokens": (model.decoder, "score")}  # fmt: skip
         for name, (owner, attr) in self._targets.items():
             setattr(owner, attr, self._wrap(name, getattr(owner, attr)))
 
@@ -492,7 +494,7 @@ class Bench:
 
         emit("\n### whisperane time split (in-process, model loaded and warmed up on JFK first)\n")
         emit("Measured by wrapping the loaded model's `log_mel`, `encode`, `step` (one token per sequence) and "
-             "`forward_tokens` (prompt/prefix and the word-alignment pass) methods; `rest` is everything else: "
+             "`forward` and `score` (prompt/prefix and the word-alignment pass) methods; `rest` is everything else: "
              "audio decoding, logit filters, DTW, Python. Per-window and per-step costs do not depend on the file's "
              "length, so a 1-minute file built like the long one stands for it.\n")  # fmt: skip
         rows = []
@@ -512,7 +514,7 @@ class Bench:
                     model_name, f"{name} ({duration:.0f} s)", c["encode"],
                     f"{1000 * s['log_mel'] / max(c['log_mel'], 1):.1f}", f"{1000 * s['encode'] / max(c['encode'], 1):.0f}",
                     c["step"], f"{1000 * s['step'] / max(c['step'], 1):.2f}",
-                    f"{s['log_mel']:.2f} / {s['encode']:.2f} / {s['step']:.2f} / {s['forward_tokens']:.2f} / {rest:.2f}",
+                    f"{s['log_mel']:.2f} / {s['encode']:.2f} / {s['step']:.2f} / {s['forward_tokens'] + s['score_tokens']:.2f} / {rest:.2f}",
                     f"{total:.2f}", f"{total / duration:.3f}",
                 ])  # fmt: skip
             clock.remove()

@@ -429,10 +429,13 @@ class DecoderCall:
 
 
 def describe_call(method: str, args: tuple, kwargs: dict) -> DecoderCall:
-    """A decoder ``step(state, tokens, cross)`` or ``forward(state, tokens, cross, need_logits)`` call: its part
-    is a one-token step, the word-alignment pass (told by its caller), or the prompt before
+    """A decoder ``step(state, tokens, cross)``, ``forward(state, tokens, cross, need_logits)`` or ``score`` call:
+    its part is a one-token step, the word-alignment pass (``score``, or a ``forward`` told by its caller), or the
+    prompt before
     <|startoftranscript|> (no logits: it only fills the cache) and the prefix from it (logits)."""
     state, tokens = args[0], np.asarray(args[1])
+    if method == "score_tokens":  # Decoder.score: the word-alignment pass, its scored rows projected
+        return DecoderCall("alignment", tokens.shape[0], tokens.shape[1], int(state.lengths.max()), True)
     logits = method == "step" or bool(kwargs.get("need_logits", args[3] if len(args) > 3 else True))
     kind = "step" if method == "step" else "prefix" if logits else "prompt"
     frame = sys._getframe(2)  # the caller of the wrapped method
@@ -453,7 +456,7 @@ class SplitClock(ComponentClock):
     timing's host work (``timing.find_alignment``: DTW and what it needs)."""
 
     METHODS = (*ComponentClock.METHODS, "word_timing")
-    DECODER_METHODS = ("step", "forward_tokens")
+    DECODER_METHODS = ("step", "forward_tokens", "score_tokens")
 
     def __init__(self, model):
         from whisperane import timing
