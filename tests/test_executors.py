@@ -33,11 +33,15 @@ def encoder_copy(tiny_en_bundle, tmp_path):
     return path
 
 
+def _mel_feeds(component: OnnxComponent) -> dict[str, np.ndarray]:
+    """A random one-window input for the encoder component."""
+    name, shape = next(iter(component.inputs.items()))
+    return {name: np.random.default_rng(0).standard_normal((1, *shape[1:])).astype(np.float32)}
+
+
 def _outputs(path) -> dict[str, np.ndarray]:
     component = OnnxComponent(path, threads=2)
-    name, shape = next(iter(component.inputs.items()))
-    mel = np.random.default_rng(0).standard_normal((1, *shape[1:])).astype(np.float32)
-    return component.run({name: mel})
+    return component.run(_mel_feeds(component))
 
 
 def test_cached_graph_gives_the_components_outputs(encoder_copy):
@@ -65,19 +69,18 @@ def test_cached_graph_gives_the_components_outputs(encoder_copy):
 def test_outputs_written_in_place_are_the_runs_outputs(encoder_copy):
     """run_into binds the caller's arrays as the outputs (batched mode's encoder writes into its batch's rows)."""
     component = OnnxComponent(encoder_copy, threads=2)
-    name, shape = next(iter(component.inputs.items()))
-    mel = np.random.default_rng(0).standard_normal((1, *shape[1:])).astype(np.float32)
-    expected = component.run({name: mel})
+    feeds = _mel_feeds(component)
+    expected = component.run(feeds)
     wanted = [n for n in expected if n.startswith("encoder_attn_")]
     rows = {n: np.zeros((3, *expected[n].shape[1:]), np.float32) for n in wanted}
-    component.run_into({name: mel}, {n: rows[n][1:2] for n in wanted})
+    component.run_into(feeds, {n: rows[n][1:2] for n in wanted})
     for n in wanted:
         np.testing.assert_array_equal(rows[n][1:2], expected[n])
         assert not rows[n][0].any() and not rows[n][2].any()  # only the row bound was written
     shape = expected[wanted[0]].shape
     strided = np.zeros((*shape[:-1], 2 * shape[-1]), np.float32)[..., ::2]  # every other float: not contiguous
     with pytest.raises(ValueError, match="C-contiguous"):
-        component.run_into({name: mel}, {wanted[0]: strided})
+        component.run_into(feeds, {wanted[0]: strided})
 
 
 def _resident_kib(files) -> int:

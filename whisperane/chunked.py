@@ -3,8 +3,8 @@
 The speech regions (at most 30 s each) are split into ``batch_size`` lanes of consecutive regions with about
 equal speech. Each lane is the sequential loop over its speech alone (as ``vad_filter``): 30 s windows from
 the seek, its own previous text as the prompt, the seek guard, openai's rules. The lanes advance together: per
-step, the next window of every lane goes through the encoder (a call each: ``WhisperaneModel.encode_rows`` says why) and
-through the decoder in one call per token (each row at its own cache position, with its own prompt, cross K/V,
+step, the next window of every lane goes through the encoder (a call each, into one reused batch:
+``WhisperaneModel.encode_rows`` says why) and through the decoder in one call per token (each row at its own cache position, with its own prompt, cross K/V,
 timestamp rules and stopping: ``decoding.decode_windows``); a window whose greedy result fails openai's
 checks is decoded again alone at the following temperatures, and the rest of its loop (words, seek) is the
 sequential one. Lane boundaries are the only places where a window starts without the previous text.
@@ -160,7 +160,6 @@ def _run_lanes(model: WhisperaneModel, lanes: list[Transcription], options: Tran
         results = decode_windows(model, enc, decoding, tokenizer, [lane.prompt for lane, _ in batch])
         for i, (lane, w) in enumerate(batch):
             lane.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
-        enc = results = None
         done = sum(min(lane.seek, lane.content_frames) for lane in lanes)
         progress(done / sum(lane.content_frames for lane in lanes))
 

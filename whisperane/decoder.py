@@ -267,6 +267,11 @@ class CrossAttention:
         """The first ``n`` windows, as views (no copy); a shared batch-1 K/V stays as it is."""
         return self if self.batch == 1 else CrossAttention({k: v[:n] for k, v in self.feeds.items()}, n)
 
+    def set_row(self, i: int, window: CrossAttention) -> None:
+        """Write a batch-1 K/V (one window) into row ``i``."""
+        for name, value in window.feeds.items():
+            self.feeds[name][i] = value[0]
+
     def swap_rows(self, i: int, j: int) -> None:
         """Exchange windows ``i`` and ``j`` in place (a batch of one window per row)."""
         for v in self.feeds.values():

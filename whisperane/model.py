@@ -131,8 +131,7 @@ class WhisperaneModel:
             first = self.encode(mels[0]).cross
             into = CrossAttention({n: np.empty((len(mels), *a.shape[1:]), a.dtype) for n, a in first.feeds.items()},
                                   len(mels))  # fmt: skip
-            for name, a in first.feeds.items():
-                into.feeds[name][0] = a[0]
+            into.set_row(0, first)
             mels, start = mels[1:], 1
         else:
             start = 0
@@ -142,8 +141,7 @@ class WhisperaneModel:
 
     def _encode_row(self, mel: np.ndarray, into: CrossAttention, row: int) -> None:
         if not self._cross.in_place:
-            for name, a in self.encode(mel).cross.feeds.items():
-                into.feeds[name][row] = a[0]
+            into.set_row(row, self.encode(mel).cross)
             return
         self._sessions.release_decoder_weights()
         self._sessions.encoder.run_into(self._encoder_feeds(mel), {n: into.feeds[n][row : row + 1] for n in self._cross.names})

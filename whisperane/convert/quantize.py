@@ -193,9 +193,8 @@ def _row_quantized_matmul(node: onnx.NodeProto, weight: np.ndarray, initializers
     consts = {f"{p}/wq": wq, f"{p}/w_scale": w_scale.astype(np.float32),
               f"{p}/colsum": wq.astype(np.float32).sum(axis=0), f"{p}/rows_k": np.array([-1, k], np.int64),
               f"{p}/zero": np.array(0, np.float32), f"{p}/levels": np.array(255, np.float32),
-              f"{p}/tiny": np.array(np.finfo(np.float32).tiny, np.float32), f"{p}/flat": np.array([-1], np.int64),
-              f"{p}/last": np.array([-1], np.int64), f"{p}/n": np.array([n], np.int64),
-              f"{p}/zero_i": np.array([0], np.int64)}  # fmt: skip
+              f"{p}/tiny": np.array(np.finfo(np.float32).tiny, np.float32), f"{p}/minus_one": np.array([-1], np.int64),
+              f"{p}/n": np.array([n], np.int64), f"{p}/zero_i": np.array([0], np.int64)}  # fmt: skip
     initializers.extend(numpy_helper.from_array(v, name) for name, v in consts.items())
     x, y = node.input[0], node.output[0]
 
@@ -210,14 +209,14 @@ def _row_quantized_matmul(node: onnx.NodeProto, weight: np.ndarray, initializers
         op("Max", [f"{p}/step", f"{p}/tiny"], "scale"),  # [M, 1]
         op("Div", [f"{p}/lo", f"{p}/scale"], "neg_zp"), op("Neg", [f"{p}/neg_zp"], "zp_raw"),
         op("Round", [f"{p}/zp_raw"], "zp"),  # [M, 1] float, in [0, 255]
-        op("Reshape", [f"{p}/scale", f"{p}/flat"], "scale_m"),
-        op("Cast", [f"{p}/zp"], "zp_u8", to=TensorProto.UINT8), op("Reshape", [f"{p}/zp_u8", f"{p}/flat"], "zp_m"),
+        op("Reshape", [f"{p}/scale", f"{p}/minus_one"], "scale_m"),
+        op("Cast", [f"{p}/zp"], "zp_u8", to=TensorProto.UINT8), op("Reshape", [f"{p}/zp_u8", f"{p}/minus_one"], "zp_m"),
         op("QuantizeLinear", [f"{p}/a", f"{p}/scale_m", f"{p}/zp_m"], "aq", axis=0),
         op("MatMulInteger", [f"{p}/aq", f"{p}/wq"], "acc"),  # int32 [M, N]
         op("Cast", [f"{p}/acc"], "accf", to=TensorProto.FLOAT),
         op("Mul", [f"{p}/zp", f"{p}/colsum"], "offset"), op("Sub", [f"{p}/accf", f"{p}/offset"], "centered"),
         op("Mul", [f"{p}/scale", f"{p}/w_scale"], "out_scale"), op("Mul", [f"{p}/centered", f"{p}/out_scale"], "y2"),
-        op("Shape", [x], "x_shape"), op("Slice", [f"{p}/x_shape", f"{p}/zero_i", f"{p}/last"], "lead"),
+        op("Shape", [x], "x_shape"), op("Slice", [f"{p}/x_shape", f"{p}/zero_i", f"{p}/minus_one"], "lead"),
         op("Concat", [f"{p}/lead", f"{p}/n"], "y_shape", axis=0),
         helper.make_node("Reshape", [f"{p}/y2", f"{p}/y_shape"], [y], name=f"{p}/y"),
     ]  # fmt: skip
