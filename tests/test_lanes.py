@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from whisperane.audio import SAMPLE_RATE
-from whisperane.chunked import lane_regions, pause_lengths
-from whisperane.vad import WINDOW_SAMPLES, SpeechRegion
+from whisperane.audio import N_SAMPLES, SAMPLE_RATE, open_audio
+from whisperane.chunked import Tail, lane_regions, pack_tails, pause_lengths
+from whisperane.vad import WINDOW_SAMPLES, SpeechRegion, SpeechStream
 
 REGION_S = 20  # seconds of speech per region
 
@@ -93,3 +93,38 @@ def test_lanes_keep_every_region_once_and_in_order():
         lanes = lane_regions(regions, count, pause_lengths(regions, probabilities, threshold=0.5))
         assert [r for lane in lanes for r in lane] == regions
         assert len(lanes) == min(count, int(len(regions) * REGION_S // 60))
+
+
+def _tail(start_s: float, *seconds: float) -> Tail:
+    """A lane's tail of regions of ``seconds`` each from ``start_s`` on, 1 s apart (no lane: not read here)."""
+    regions, t = [], start_s
+    for length in seconds:
+        regions.append(SpeechRegion(int(t * SAMPLE_RATE), int((t + length) * SAMPLE_RATE)))
+        t += length + 1
+    return Tail(None, regions)
+
+
+def test_tails_are_packed_into_fewer_windows_each_in_audio_order():
+    """The 609 s benchmark file's eight lanes (tiny.en) left tails of 27.2, 4.2, 27.3, 12.1, 8.5, 27.3, 10.7 and
+    5.9 s: packed first-fit decreasing, five windows instead of eight."""
+    tails = [_tail(100 * k, *split) for k, split in enumerate(
+        [(27.2,), (4.2,), (20.0, 7.3), (12.1,), (8.5,), (27.3,), (5.0, 5.7), (5.9,)])]  # fmt: skip
+    bins = pack_tails(tails)
+    assert len(bins) == 5
+    assert sorted(id(t) for b in bins for t in b) == sorted(id(t) for t in tails)  # every tail once
+    for b in bins:
+        assert sum(t.n_samples for t in b) <= N_SAMPLES
+        starts = [t.regions[0].start for t in b]
+        assert starts == sorted(starts)
+        regions = [r for t in b for r in t.regions]
+        assert all(x.end <= y.start for x, y in zip(regions, regions[1:], strict=False))  # a SpeechStream's regions
+
+
+def test_a_tail_is_what_is_left_of_its_lanes_regions():
+    regions = [SpeechRegion(16000, 48000), SpeechRegion(64000, 96000), SpeechRegion(128000, 160000)]
+    stream = SpeechStream(open_audio(np.zeros(160000, np.float32)), regions, 160000)
+    assert stream.regions_from(0) == regions
+    assert stream.regions_from(40000) == [SpeechRegion(72000, 96000), SpeechRegion(128000, 160000)]
+    assert stream.regions_from(64000) == [regions[2]]
+    assert stream.regions_from(96000) == []
+

@@ -193,12 +193,13 @@ class VoiceRegions(VoiceCheck):
         return Voice(sum(b - a for a, b in overlaps), overlaps[0][0] - w.seek if overlaps else end)
 
     @classmethod
-    def of_speech(cls, stream) -> VoiceRegions:
-        """A SpeechStream's voiced regions on its speech-only timeline (those in removed audio map to nothing)."""
+    def of_speech(cls, stream, voiced: Sequence | None = None) -> VoiceRegions:
+        """A SpeechStream's voiced regions on its speech-only timeline (those in removed audio map to nothing);
+        ``voiced``: the whole audio's vad.VOICED regions when known (several streams over one VAD pass)."""
         from .vad import VOICED, speech_regions
 
         frames = []
-        for r in speech_regions(stream.probabilities, stream.original_n_samples, VOICED):
+        for r in voiced if voiced is not None else speech_regions(stream.probabilities, stream.original_n_samples, VOICED):
             start, end = (stream.time_map.speech_time(t / SAMPLE_RATE) * FRAMES_PER_SECOND for t in (r.start, r.end))
             if end > start:
                 frames.append((int(start), math.ceil(end)))
@@ -418,10 +419,11 @@ class Transcription:
 
     @classmethod
     def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
-                    progress: Callable[[float, float], None] | None) -> Transcription:  # fmt: skip
+                    progress: Callable[[float, float], None] | None, voiced: Sequence | None = None) -> Transcription:  # fmt: skip
         """The loop over a VAD's speech alone (vad_filter, a lane of batched mode), the seek guard asking the
-        voiced regions of the same VAD pass."""
-        return cls(model, stream, options, progress, VoiceRegions.of_speech(stream) if options.speech_guard else None)
+        voiced regions of the same VAD pass (``voiced``: VoiceRegions.of_speech)."""
+        guard = VoiceRegions.of_speech(stream, voiced) if options.speech_guard else None
+        return cls(model, stream, options, progress, guard)
 
     def run(self) -> TranscriptionResult:
         self.run_windows()

@@ -608,6 +608,16 @@ class SpeechStream:
         self._buf, self._buf_start, self._keep_from = kept, buffer_start, keep_from
         return self._buf[start - self._buf_start : end - self._buf_start].copy()
 
+    def regions_from(self, start_sample: int) -> list[SpeechRegion]:
+        """The original audio's regions behind speech-only samples ``[start_sample, n_samples)``: the first
+        cut where ``start_sample`` falls in it (what is left of a lane, for another loop to read)."""
+        if start_sample >= self.n_samples:
+            return []
+        index = bisect.bisect_right(self._region_offsets, max(0, start_sample)) - 1
+        first = self.regions[index]
+        cut = SpeechRegion(first.start + max(0, start_sample) - self._region_offsets[index], first.end)
+        return [cut, *self.regions[index + 1 :]]
+
     def _fetch(self, start: int, end: int) -> list[np.ndarray]:
         """Speech-only samples ``[start, end)`` from the reader, one piece per region they touch."""
         pieces = []
