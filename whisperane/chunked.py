@@ -44,7 +44,6 @@ BATCHED_VAD = {"max_speech_duration_s": 30.0}  # regions of at most 30 s: lanes 
 # A lane starts without previous text: lanes of at least two windows of speech keep that to a few windows
 # of a long file (gapped 287 s test file, tiny.en: WER 8.86 % with 8 lanes of ~25 s, 5.23 % with one).
 MIN_LANE_SECONDS = 60.0
-END_FRAMES = 100  # a loop's last window shorter than 1 s may be its regions' padding alone (_unvoiced_end)
 
 
 def vad_options(options: TranscribeOptions, batched: bool) -> VadOptions:
@@ -137,18 +136,18 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     duration = n_samples / SAMPLE_RATE
     if not regions:
         return _empty_result(model, options, duration)
-    voiced = speech_regions(probabilities, n_samples, VOICED)  # for every loop's seek guard, found once
+    voiced_regions = speech_regions(probabilities, n_samples, VOICED)  # for every loop's seek guard, found once
 
     def open_bin(tails: list[Tail]) -> Transcription:
         speech = SpeechStream(open_stream(), [r for tail in tails for r in tail.regions], n_samples, probabilities)
-        return Transcription.over_speech(model, speech, options, None, voiced)
+        return Transcription.over_speech(model, speech, options, None, voiced_regions)
 
     rounds = _Rounds(model, options, open_bin, lambda done: progress and progress(done * duration, duration))
     lanes: list[Transcription] = []
     try:
         for run in lane_regions(regions, options.batch_size, pause_lengths(regions, probabilities, vad.threshold)):
             speech = SpeechStream(open_stream(), run, n_samples, probabilities)
-            lanes.append(Transcription.over_speech(model, speech, options, None, voiced))
+            lanes.append(Transcription.over_speech(model, speech, options, None, voiced_regions))
         # Tails are packed only where words say where to split a segment across two of them (split_at).
         rounds.run(lanes, defer_tails=options.word_timestamps and len(lanes) > 1)
     finally:
@@ -180,9 +179,8 @@ class Tail:
 
 def pack_tails(tails: Sequence[Tail]) -> list[list[Tail]]:
     """Tails packed first-fit decreasing into bins of at most one window of speech, each bin's tails in audio
-    order. A lane's last window costs a whole encoder call however little it holds (on the
-    609 s benchmark file with 8 lanes: 29 windows against 26 for the sequential loop, the lanes' last ones
-    holding 0.3-27 s); bins of tails take fewer."""
+    order. A lane's last window costs a whole encoder call however little it holds (609 s benchmark file, 8
+    lanes, tiny.en: their last windows held 0.3-27 s, 29 windows in all; 26 with bins)."""
     bins: list[list[Tail]] = []
     for tail in sorted(tails, key=lambda t: -t.n_samples):
         fit = next((b for b in bins if sum(t.n_samples for t in b) + tail.n_samples <= N_SAMPLES), None)
@@ -237,7 +235,7 @@ class _Rounds:
             if defer_tails and (ending := [loop for loop in active if loop in lanes and _ends_in_a_tail(loop)]):
                 waiting += [Tail(loop, loop.stream.regions_from(loop.seek * HOP_LENGTH)) for loop in ending]
                 active = [loop for loop in active if loop not in ending]
-            batch = [(loop, w) for loop in active if (w := loop.next_window()) is not None and not _unvoiced_end(loop, w)]
+            batch = [(loop, w) for loop in active if (w := loop.next_window()) is not None]
             for loop in self._launch(waiting, self.options.batch_size - len(batch)):
                 active.append(loop)
                 if (w := loop.next_window()) is not None:
@@ -280,18 +278,6 @@ class _Rounds:
         results = decode_windows(model, enc, self.decoding, self.tokenizer, [loop.prompt for loop, _ in batch])
         for i, (loop, w) in enumerate(batch):
             loop.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
-
-
-def _unvoiced_end(loop: Transcription, window: Window) -> bool:
-    """Whether ``window`` is a loop's last, shorter than END_FRAMES and without voice (vad.VOICED): then it is
-    passed over as silence. Lanes and bins end at speech regions' padding, and a decoding that stopped on the
-    last word leaves it: a window of its own (an encoder call, a round) for nothing."""
-    if window.size >= END_FRAMES or window.seek + window.size < loop.content_frames or loop.voice is None:
-        return False
-    if loop.voice.voice(window, 0, window.size).frames > 0:
-        return False
-    loop.finish_window(replace(window, enc=None, mel=None))
-    return True
 
 
 def _ends_in_a_tail(loop: Transcription) -> bool:
