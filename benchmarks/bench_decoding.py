@@ -321,8 +321,8 @@ class DecodingBench(Bench):
         """Every engine once on ``--wer-orders`` long files, the same clips in rotated orders (rotation 0 is the
         long file above, whose transcripts are reused): each order's WER and the WER of all their words together.
         One 10-minute file holds ~1,500 words, and which clips follow which moves a WER by more than the
-        half-point bound (tiny.en, 2026-12-04: faster-whisper int8 sequential 3.81 to 6.72 % over four orders,
-        whisperane batched 3.85 to 4.76 %)."""
+        half-point bound (tiny.en, 2026-12-04: faster-whisper int8 sequential 3.81 to 6.79 % over four orders,
+        whisperane batched 3.85 to 5.65 %)."""
         n = len(self.english)
         rotations = sorted({round(k * n / self.args.wer_orders) % n for k in range(self.args.wer_orders)})
         errors: dict[str, list[tuple[int, int] | None]] = {e.label: [] for e in engines}
