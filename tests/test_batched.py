@@ -20,6 +20,8 @@ over five such files, 2026-12-02-lane-cuts.md).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from test_vad import _gapped_audio, _speech_clips
@@ -195,17 +197,20 @@ def test_a_segment_across_two_tails_is_split_where_the_later_starts(model):
     assert split_at([segment], [5.0, 50.0], tokenizer) == [segment]
 
 
-def test_lanes_tails_share_windows(model, gapped, monkeypatch):
+def test_lanes_tails_share_windows(model, english_clips, monkeypatch):
     """Lanes whose last windows would not be full leave their tails to bins (``chunked.pack_tails``): fewer
     encoder windows than each lane ending on its own (measured: 7 against 8 on each of the three gapped files,
-    the bin holding two lanes' tails; 609 s benchmark file, 8 lanes: 26 against 29)."""
+    the bin holding two lanes' tails; 609 s benchmark file, 8 lanes: 26 against 29). Lanes need a minute of speech
+    each: tests/data's clips (a minute in all) are repeated until there is room for three."""
     import whisperane.chunked as chunked
 
+    speech = sum(len(c.audio) for c in english_clips) / SAMPLE_RATE
+    audio = _gapped_audio(english_clips * math.ceil(3 * chunked.MIN_LANE_SECONDS / speech), seed=GAP_SEEDS[0]).audio
     windows = []
     encode_rows = model.encode_rows
     monkeypatch.setattr(model, "encode_rows", lambda mels, into=None: windows.append(len(mels)) or encode_rows(mels, into))
-    model.transcribe(gapped[0].audio, batch_size=8)
+    model.transcribe(audio, batch_size=8)
     packed, windows[:] = sum(windows), []
     monkeypatch.setattr(chunked, "_ends_in_a_tail", lambda loop: False)
-    model.transcribe(gapped[0].audio, batch_size=8)
+    model.transcribe(audio, batch_size=8)
     assert packed < sum(windows), (packed, sum(windows))
