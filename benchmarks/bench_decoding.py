@@ -308,7 +308,7 @@ class DecodingBench(Bench):
                 emit(table(BATCHED_COLUMNS, table_rows) + "\n")
                 progress(f"{tag} done; load average {loadavg()}")
             if self.args.wer_orders > 1:
-                self.pooled_wer(model, engines)
+                self.pooled_wer(model, engines, long_tag=f"batched-{model}-long")
 
     def batched_engines(self, model: str) -> list[Engine]:
         t, lang, bundle, ct2 = self.args.threads, self.fixed_language(model), self.bundle(model), self.ct2_dir(model)
@@ -317,9 +317,9 @@ class DecodingBench(Bench):
                 faster_whisper_with(ct2, t, lang, 1, 0, FW_SEQUENTIAL),
                 faster_whisper_with(ct2, t, lang, 1, 8, "faster-whisper int8 batched 8")]  # fmt: skip
 
-    def pooled_wer(self, model: str, engines: Sequence[Engine]) -> None:
+    def pooled_wer(self, model: str, engines: Sequence[Engine], long_tag: str) -> None:
         """Every engine once on ``--wer-orders`` long files, the same clips in rotated orders (rotation 0 is the
-        long file above, whose transcripts are reused): each order's WER and the WER of all their words together.
+        long file, whose transcripts from the runs tagged ``long_tag`` are reused): each order's WER and the WER of all their words together.
         One 10-minute file holds ~1,500 words, and which clips follow which moves a WER by more than the
         half-point bound (tiny.en, 2026-12-04: faster-whisper int8 sequential 3.81 to 6.79 % over four orders,
         whisperane batched 3.85 to 5.65 %)."""
@@ -328,7 +328,7 @@ class DecodingBench(Bench):
         errors: dict[str, list[tuple[int, int] | None]] = {e.label: [] for e in engines}
         empty, clips = dict.fromkeys(errors, 0), 0
         for rotate in rotations:
-            built, tag = self.long_file(self.args.long_minutes, rotate), f"batched-{model}-long"
+            built, tag = self.long_file(self.args.long_minutes, rotate), long_tag
             if rotate:
                 tag = f"orders-{model}-{rotate}"
                 self.measure(engines, built.path, 1, tag)
