@@ -716,6 +716,28 @@ def test_start_in_a_padded_head_after_removed_audio_moves_to_the_voice():
     assert restored(((0, 3), (10, 12)), 1.1, 1.5) == (1.1, 1.5)
 
 
+def test_late_first_word_after_removed_audio_starts_at_the_voice():
+    """The first word of a region after removed audio that DTW starts inside the voice, with voice all the way
+    from the region's first voiced window, starts at that window (tiny.en, batched: "Stuff" 0.40 s after the
+    clip's first sound, 0.17 s into the voice). Regions [1, 3) and [10, 12) s, voice from 10.2 s (first voiced
+    window 10.208 s): a word at 2.4-2.6 s of speech (10.4-10.6 s) starts at 10.208 s. Kept: with a pause in the
+    voice before it, with a word before it in the same region, and in a region with nothing removed before it."""
+    window = vad.WINDOW_SAMPLES / SAMPLE_RATE
+    times = np.arange(12 * SAMPLE_RATE // vad.WINDOW_SAMPLES) * window
+
+    def restored(voiced, words, bounds=((1, 3), (10, 12))) -> list[tuple[float, float]]:
+        regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in bounds]
+        segment = {"start": words[0][0], "end": words[-1][1], "words": [{"word": " w", "start": a, "end": b} for a, b in words]}
+        vad.restore_timestamps([segment], vad.SpeechTimestampsMap(regions), voiced)
+        return [(w["start"], w["end"]) for w in segment["words"]]
+
+    voice = times >= 10.2
+    assert restored(voice, [(2.4, 2.6)]) == [(pytest.approx(10.208, abs=1e-3), 10.6)]
+    assert restored(voice & ~((times >= 10.3) & (times < 10.35)), [(2.4, 2.6)]) == [(10.4, 10.6)]
+    assert restored(voice, [(2.2, 2.3), (2.4, 2.6)]) == [(pytest.approx(10.208, abs=1e-3), 10.3), (10.4, 10.6)]
+    assert restored(times >= 1.2, [(1.4, 1.6)], ((0, 3), (10, 12))) == [(1.4, 1.6)]
+
+
 def test_restored_corpus_words_come_back_to_the_clips(gapped, gapped_file_stream):
     """Each clip's reference words (or loud frames) inside kept audio, moved onto the speech-only timeline
     and restored, are back where they are in the gapped audio (to 1 ms), and where faster-whisper's

@@ -696,20 +696,23 @@ def restore_timestamps(segments: list[dict], time_map: SpeechTimestampsMap, voic
     its first word's start to its last word's end; one without is mapped directly. The mapping never
     decreases, so times keep their order. ``seek`` stays on the speech-only timeline.
     """
+    previous_end = 0.0  # the original end of the word before (a region's first word follows removed audio)
     for segment in segments:
         words = segment.get("words") or []
         for word in words:
-            word["start"], word["end"] = _restored_span(word["start"], word["end"], time_map, voiced)
+            word["start"], word["end"] = _restored_span(word["start"], word["end"], time_map, voiced, previous_end)
+            previous_end = word["end"]
         if words:
             segment["start"], segment["end"] = words[0]["start"], words[-1]["end"]
         else:
             segment["start"], segment["end"] = _restored_span(segment["start"], segment["end"], time_map)
 
 
-def _restored_span(start: float, end: float, time_map: SpeechTimestampsMap,
-                   voiced: np.ndarray | None = None) -> tuple[float, float]:  # fmt: skip
+def _restored_span(start: float, end: float, time_map: SpeechTimestampsMap, voiced: np.ndarray | None = None,
+                   previous_end: float = 0.0) -> tuple[float, float]:  # fmt: skip
     """A start on a region boundary belongs to the next region and an end to the previous one; an empty span
-    on a boundary would then end before it starts, so the end is kept at the start."""
+    on a boundary would then end before it starts, so the end is kept at the start. ``previous_end``: the
+    original end of the word before."""
     first, last = time_map.region_index(start), time_map.region_index(end, is_end=True)
     original_start = time_map.original_time(start, first)
     original_end = time_map.original_time(end, last, is_end=True)
@@ -717,26 +720,34 @@ def _restored_span(start: float, end: float, time_map: SpeechTimestampsMap,
         original_start, original_end = _one_side(original_start, original_end, time_map.regions[first],
                                                  time_map.regions[last], voiced)  # fmt: skip
     elif voiced is not None:
-        original_start = _start_after_cut(original_start, original_end, time_map, first, voiced)
+        original_start = _start_after_cut(original_start, original_end, time_map, first, voiced, previous_end)
     original_start = round(original_start, RESTORED_TIME_DECIMALS)
     original_end = round(original_end, RESTORED_TIME_DECIMALS)
     return original_start, max(original_start, original_end)
 
 
-def _start_after_cut(start: float, end: float, time_map: SpeechTimestampsMap, index: int, voiced: np.ndarray) -> float:
-    """A start in the head of region ``index`` before its first voiced window, where audio was removed before
-    the region, moved to that window when the word reaches it. The head is padding taken from what the VAD
-    called silence, and DTW on the speech-only timeline, with other speech just before it, can start the first
-    word there (tiny.en, batched: 160 ms into inserted tones, 4 ms into silence, against the VAD's onsets 48
-    and 52 ms after the clips' starts)."""
+def _start_after_cut(start: float, end: float, time_map: SpeechTimestampsMap, index: int, voiced: np.ndarray,
+                     previous_end: float) -> float:  # fmt: skip
+    """The start of the first word of region ``index``, where audio was removed before the region, put on the
+    region's first voiced window (its onset) in two cases. A start in the head before the onset, when the word
+    reaches it: the head is padding taken from what the VAD called silence, and DTW on the speech-only timeline,
+    with other speech just before it, can start the first word there (tiny.en, batched: 160 ms into inserted
+    tones, 4 ms into silence, against the VAD's onsets 48 and 52 ms after the clips' starts). A start after the
+    onset with voice all the way from the onset to it: nothing else is heard there, and DTW after the cut can
+    start the word late (tiny.en: "Stuff" 0.40 s after the clip's first sound, 20 ms long, 0.17 s into the
+    voice; the VAD's onset lags a fricative by ~0.2 s, so the move is never too early)."""
     region = time_map.regions[index]
-    if region.start <= (time_map.regions[index - 1].end if index else 0):
+    if region.start <= (time_map.regions[index - 1].end if index else 0) or previous_end > region.start_s:
         return start
-    head = voiced[region.start // WINDOW_SAMPLES : -(-region.end // WINDOW_SAMPLES)]
+    first = region.start // WINDOW_SAMPLES
+    head = voiced[first : -(-region.end // WINDOW_SAMPLES)]
     if not head.any():
         return start
-    onset = (region.start // WINDOW_SAMPLES + int(head.argmax())) * WINDOW_SAMPLES / SAMPLE_RATE
-    return onset if start < onset <= end else start
+    onset = (first + int(head.argmax())) * WINDOW_SAMPLES / SAMPLE_RATE
+    if start < onset <= end:
+        return onset
+    voiced_through = head[int(head.argmax()) : int(start * SAMPLE_RATE) // WINDOW_SAMPLES - first + 1]
+    return onset if start > onset and voiced_through.all() else start
 
 
 def _one_side(start: float, end: float, before: SpeechRegion, after: SpeechRegion,
