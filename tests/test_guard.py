@@ -85,6 +85,35 @@ def test_a_segment_without_word_timestamps_covers_its_span():
     assert _resume(segments, 2000, [(0.0, 20.0)]) is None
 
 
+def _instants(segments, voiced_seconds, window_seek=0):
+    frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
+    transcribe_module._instants_onto_voice(_window(window_seek), segments, transcribe_module.VoiceRegions(frames))
+    return [(s["start"], s["end"], [(w["start"], w["end"]) for w in s["words"]]) for s in segments]
+
+
+def test_a_segment_dtw_puts_at_an_instant_takes_the_unheard_voice_between_its_neighbours():
+    """tiny.en after a VAD cut (speech-only timeline, window at 113.60 s): "1." decoded between "surpassed." (to
+    125.38 s) and "From" (from 128.70 s), DTW put it at 127.20-127.20, the VAD heard 126.38-126.77 s: it spans
+    that voice (openai's loop would clear the instantaneous segment). Two words share the voice by characters."""
+    window = 11360
+    surpassed, one, sonnet = _segment(123.7, 125.38), _segment(127.2, 127.2), _segment(128.7, 131.36)
+    voiced = [(123.72, 125.59), (126.38, 126.77), (128.68, 131.41)]
+    got = _instants([surpassed, one, sonnet], voiced, window)
+    assert got[1] == (126.38, 126.77, [(126.38, 126.77)])
+    assert got[0] == (123.7, 125.38, [(123.7, 125.38)]) and got[2] == (128.7, 131.36, [(128.7, 131.36)])
+    two = {"start": 1.0, "end": 1.0, "text": " One two", "words": [{"word": " One", "start": 1.0, "end": 1.0},
+                                                                    {"word": " three", "start": 1.0, "end": 1.0}]}  # fmt: skip
+    assert _instants([two], [(0.2, 1.0)])[0][2] == [(0.2, 0.5), (0.5, 1.0)]
+
+
+@pytest.mark.parametrize("voiced", [[], [(126.38, 126.38 + (transcribe_module.INSTANT_MIN_VOICE_FRAMES - 1) / 100)],
+                                    [(124.0, 125.38), (128.7, 131.0)]])  # fmt: skip
+def test_an_instant_without_unheard_voice_is_left_to_openais_rule(voiced):
+    """No voice, less than INSTANT_MIN_VOICE_FRAMES of it, or voice only under the neighbours' words: unchanged."""
+    segments = [_segment(123.7, 125.38), _segment(127.2, 127.2), _segment(128.7, 131.36)]
+    assert _instants(segments, voiced, 11360)[1] == (127.2, 127.2, [(127.2, 127.2)])
+
+
 @pytest.mark.slow
 def test_voice_a_first_window_jumps_over_is_decoded_alone(base_int8_model):
     """Speech at the start of a loop without previous text (a lane's or the file's first window): decoding the

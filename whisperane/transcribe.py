@@ -148,11 +148,16 @@ class Voice(NamedTuple):
 
 
 class VoiceCheck:
-    """How much of a stretch of a window Silero VAD hears as voice (vad.VOICED), for the seek guard."""
+    """Where Silero VAD hears voice (vad.VOICED) in a stretch of a window, for the seek guard."""
+
+    def runs(self, w: Window, start: int, end: int) -> list[tuple[int, int]]:
+        """The voiced runs ``[a, b)`` in ``[start, end)`` of window ``w``, in order (frames from its start)."""
+        raise NotImplementedError
 
     def voice(self, w: Window, start: int, end: int) -> Voice:
-        """The voice in ``[start, end)`` of window ``w`` (frames from the window's start)."""
-        raise NotImplementedError
+        """The voice in ``[start, end)`` of window ``w``."""
+        runs = self.runs(w, start, end)
+        return Voice(sum(b - a for a, b in runs), runs[0][0] if runs else end)
 
 
 class VoiceOnDemand(VoiceCheck):
@@ -164,21 +169,20 @@ class VoiceOnDemand(VoiceCheck):
     def __init__(self):
         self.unavailable = False
 
-    def voice(self, w, start, end):
+    def runs(self, w, start, end):
         from .vad import VOICED, default_vad, speech_regions
 
         if self.unavailable:
-            return Voice(0, end)
+            return []
         try:
             vad = default_vad()
         except WhisperaneError as e:
             self.unavailable = True
             warnings.warn(f"speech guard off: {e}", stacklevel=2)
-            return Voice(0, end)
+            return []
         probabilities, n_samples = vad.speech_probabilities(w.samples[start * HOP_LENGTH : end * HOP_LENGTH])
-        regions = speech_regions(probabilities, n_samples, VOICED)
-        onset = start + regions[0].start // HOP_LENGTH if regions else end
-        return Voice(sum(-(-r.n_samples // HOP_LENGTH) for r in regions), onset)
+        onsets = [(start + r.start // HOP_LENGTH, -(-r.n_samples // HOP_LENGTH)) for r in speech_regions(probabilities, n_samples, VOICED)]
+        return [(a, a + n) for a, n in onsets]
 
 
 class VoiceRegions(VoiceCheck):
@@ -187,10 +191,9 @@ class VoiceRegions(VoiceCheck):
     def __init__(self, frames: list[tuple[int, int]]):
         self.frames = frames
 
-    def voice(self, w, start, end):
-        overlaps = [(max(w.seek + start, a), min(w.seek + end, b)) for a, b in self.frames]
-        overlaps = [(a, b) for a, b in overlaps if b > a]
-        return Voice(sum(b - a for a, b in overlaps), overlaps[0][0] - w.seek if overlaps else end)
+    def runs(self, w, start, end):
+        overlaps = [(max(w.seek + start, a) - w.seek, min(w.seek + end, b) - w.seek) for a, b in self.frames]
+        return [(a, b) for a, b in overlaps if b > a]
 
     @classmethod
     def of_speech(cls, stream, voiced: Sequence | None = None) -> VoiceRegions:
@@ -238,6 +241,40 @@ GUARD_MIN_SPEECH_FRAMES = 150
 # silence before the voice made tiny.en write a sentence three times into the silence. The lead-in covers the
 # VAD's late onsets (0.22 s after a clip's first fricative on the corpus).
 GUARD_LEAD_IN_FRAMES = 100
+
+
+# Voice that no word covers, enough to hold a segment that DTW put at one instant (the sonnet's "1." had 0.39 s).
+INSTANT_MIN_VOICE_FRAMES = 20
+
+
+def _instants_onto_voice(w: Window, segments: list[dict], voice: VoiceCheck) -> None:
+    """A decoded segment whose words DTW put at one instant (start == end) is cleared by openai's loop; where
+    the VAD hears a run of INSTANT_MIN_VOICE_FRAMES or more of voice between the words before and after it (not
+    the voice running on from their edges), its words share the run nearest to the instant (by their characters)
+    and the text is kept (tiny.en, the sonnet after a VAD cut: "1." decoded between "surpassed." and "From", put
+    0.43 s after its 0.39 s of voice, in the pause). One run: an instant that ends a window must not reach over
+    the voice after it, which the next window decodes."""
+    words = [x for s in segments for x in s.get("words") or []]
+    position = {id(x): i for i, x in enumerate(words)}
+    for s in segments:
+        own = s.get("words") or []
+        if not own or s["start"] != s["end"] or not s["text"].strip():
+            continue
+        first, after = position[id(own[0])], position[id(own[-1])] + 1
+        low = words[first - 1]["end"] if first else w.time_offset
+        high = words[after]["start"] if after < len(words) else w.end_time
+        start, end = (round((t - w.time_offset) * FRAMES_PER_SECOND) for t in (low, high))
+        runs = voice.runs(w, start, end) if end - start >= INSTANT_MIN_VOICE_FRAMES else []
+        runs = [(a, b) for a, b in runs if (a > start or not first) and (b < end or after == len(words))]
+        instant = (s["start"] - w.time_offset) * FRAMES_PER_SECOND
+        a, b = min(runs, key=lambda r: max(r[0] - instant, instant - r[1], 0), default=(0, 0))
+        if b - a < INSTANT_MIN_VOICE_FRAMES:
+            continue
+        lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in own)])
+        edges = w.time_offset + (a + (b - a) * lengths / lengths[-1]) / FRAMES_PER_SECOND
+        for x, a, b in zip(own, edges[:-1], edges[1:], strict=True):
+            x["start"], x["end"] = round(float(a), 2), round(float(b), 2)
+        s["start"], s["end"] = own[0]["start"], own[-1]["end"]
 
 
 class Resume(NamedTuple):
@@ -514,6 +551,8 @@ class Transcription:
         if options.word_timestamps:
             _add_words(self.model, w.enc, result, segments, self.tokenizer, options, w.time_offset, w.size,
                        self.last_speech_timestamp)  # fmt: skip
+            if self.voice is not None:
+                _instants_onto_voice(w, segments, self.voice)
             if not single_timestamp_ending:  # openai's rule: the next window starts where DTW put the last word
                 last_word_end = timing.get_end(segments)
                 if last_word_end is not None and last_word_end > w.time_offset:
