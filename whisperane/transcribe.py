@@ -162,7 +162,7 @@ class VoiceCheck:
 
 class VoiceOnDemand(VoiceCheck):
     """The VAD run on the stretch itself, only when the guard asks (a stretch of GUARD_MIN_SPEECH_FRAMES or more
-    without words): most windows of speech have none (602 s tiny.en file: 14 stretches, 0.2 of 120 CPU s).
+    without words, or a segment at one instant: ``_instants_onto_voice``): most windows of speech have none (602 s tiny.en file: 14 stretches, 0.2 of 120 CPU s).
 
     Without the VAD model (not cached, and PyPI out of reach) the guard is off, with one warning."""
 
@@ -181,8 +181,9 @@ class VoiceOnDemand(VoiceCheck):
             warnings.warn(f"speech guard off: {e}", stacklevel=2)
             return []
         probabilities, n_samples = vad.speech_probabilities(w.samples[start * HOP_LENGTH : end * HOP_LENGTH])
-        onsets = [(start + r.start // HOP_LENGTH, -(-r.n_samples // HOP_LENGTH)) for r in speech_regions(probabilities, n_samples, VOICED)]
-        return [(a, a + n) for a, n in onsets]
+        regions = speech_regions(probabilities, n_samples, VOICED)
+        # each region's frames rounded up, as the guard has always counted them
+        return [(start + r.start // HOP_LENGTH, start + r.start // HOP_LENGTH + -(-r.n_samples // HOP_LENGTH)) for r in regions]
 
 
 class VoiceRegions(VoiceCheck):
