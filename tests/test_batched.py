@@ -124,23 +124,33 @@ def test_batched_equals_sequential_where_the_vad_changes_nothing(model, english_
         assert drift <= 0.02, (clip.name, drift)
 
 
-@pytest.mark.parametrize("mode", ["batched", "vad_filter"])
-def test_every_clips_first_word_starts_within_300_ms_of_its_sound(results, gapped, mode):
-    """On the speech-only timeline the first word after a cut is where DTW goes wrong: "Stuff it into you"
-    started 0.40 s late (vad._start_after_cut now moves such a start back to the voice), the sonnet's "1." was
-    put at one instant in the pause after its voice and cleared by openai's rule (transcribe._instants_onto_voice
-    keeps it on that voice). Measured (tiny.en int8, AMD EPYC Zen 4, the three files' 54 clips): 5 clips beyond
-    0.3 s before, none after, in both VAD modes; the whole-audio loop: 4 (tiny.en drops LJ001-0006's "And" in all
-    three draws, and starts the sonnet 0.31 s early in the tones before it in one)."""
-    late = []
-    for g, result in zip(gapped, results[mode], strict=True):
+def _late_first_words(results, gapped, mode: str) -> set[tuple[int, str]]:
+    """(draw, clip) of each clip whose first word starts more than 0.3 s after its sound, or is missing (a clip's
+    sound: its first voiced span, test_vad's ``_voiced_spans``)."""
+    late = set()
+    for draw, (g, result) in enumerate(zip(gapped, results[mode], strict=True)):
         words = [w for s in result.segments for w in s.words]
         for offset, clip in g.clips:
             sound = (offset + _voiced_spans(clip)[0][0]) / SAMPLE_RATE
             first = min((w for w in words if w.start >= sound - 0.3), key=lambda w: w.start, default=None)
             if first is None or first.start - sound > 0.3:
-                late.append((clip.name, round(sound, 2), first and (first.word, round(first.start - sound, 2))))
-    assert not late, late
+                late.add((draw, clip.name))
+    return late
+
+
+@pytest.mark.parametrize("mode", ["batched", "vad_filter"])
+def test_every_clips_first_word_starts_within_300_ms_of_its_sound(results, gapped, mode):
+    """No clip's first word is lost or late in a VAD mode where the loop over the whole audio (the default) has it
+    within 0.3 s. On the speech-only timeline the first word after a cut is where DTW goes wrong: "Stuff it into
+    you" started 0.40 s late (vad._start_after_cut now moves such a start back to the voice), the sonnet's "1." was
+    put at one instant in the pause after its voice and cleared by openai's rule (transcribe._instants_onto_voice
+    keeps it on that voice). Measured (tiny.en int8, AMD EPYC Zen 4, the corpus's three files, 54 clips): 5 clips
+    beyond 0.3 s before, none after, in both VAD modes; the whole-audio loop: 4 (tiny.en drops LJ001-0006's "And"
+    in all three draws, and starts the sonnet 0.31 s early in the tones before it in one). Without the corpus
+    (tests/data's six clips), draw 2 makes tiny.en write "He could wait" over "Stuff it into you ..." in every
+    mode: the model's miss, not the cut's, which the whole-audio loop shares."""
+    late, whole_audio = (_late_first_words(results, gapped, m) for m in (mode, "guarded"))
+    assert not late - whole_audio, sorted(late - whole_audio)
 
 
 @pytest.mark.parametrize("draw", range(len(GAP_SEEDS)))
