@@ -31,11 +31,12 @@ CONFIGS = [
 
 
 class VadCalls:
-    """Counts the guard's VAD runs and their CPU time (wraps VoiceOnDemand.voice)."""
+    """Counts the guard's VAD runs and their CPU time (wraps VoiceOnDemand.runs, which both the seek guard and
+    the rule for segments at one instant call)."""
 
     def __init__(self):
         self.module = importlib.import_module("whisperane.transcribe")
-        self.original = self.module.VoiceOnDemand.voice
+        self.original = self.module.VoiceOnDemand.runs
         self.calls: list[float] = []
         clock = self
 
@@ -46,7 +47,7 @@ class VadCalls:
             finally:
                 clock.calls.append(time.process_time() - t)
 
-        self.module.VoiceOnDemand.voice = counted
+        self.module.VoiceOnDemand.runs = counted
 
     def reset(self) -> None:
         self.calls = []
