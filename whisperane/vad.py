@@ -739,14 +739,15 @@ def _start_after_cut(start: float, end: float, time_map: SpeechTimestampsMap, in
     region = time_map.regions[index]
     if region.start <= (time_map.regions[index - 1].end if index else 0) or previous_end > region.start_s:
         return start
-    first = region.start // WINDOW_SAMPLES
-    head = voiced[first : -(-region.end // WINDOW_SAMPLES)]
+    head_start = region.start // WINDOW_SAMPLES
+    head = voiced[head_start : -(-region.end // WINDOW_SAMPLES)]
     if not head.any():
         return start
-    onset = (first + int(head.argmax())) * WINDOW_SAMPLES / SAMPLE_RATE
+    onset_window = head_start + int(head.argmax())
+    onset = onset_window * WINDOW_SAMPLES / SAMPLE_RATE
     if start < onset <= end:
         return onset
-    voiced_through = head[int(head.argmax()) : int(start * SAMPLE_RATE) // WINDOW_SAMPLES - first + 1]
+    voiced_through = voiced[onset_window : int(start * SAMPLE_RATE) // WINDOW_SAMPLES + 1]
     return onset if start > onset and voiced_through.all() else start
 
 
