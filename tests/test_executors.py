@@ -117,9 +117,11 @@ print(json.dumps({"peak_kib": int(status.split("VmHWM:")[1].split()[0]), "json":
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are released through /proc/self/pagemap "
                     "and madvise, which only Linux has; elsewhere release_weights is a no-op")  # fmt: skip
 def test_releasing_idle_weights_lowers_the_peak_and_changes_nothing(tiny_en_bundle):
-    """JFK with tiny.en: the encoder's weights (19 MiB mapped) leave the resident set before the decoder runs,
-    the decoder's (38 MiB) while the encoder runs; the peak is that of one component's weights, not both
-    (measured here: 191 -> 169 MB, 22 MB less), and the result is the same to the last digit."""
+    """JFK with tiny.en: the encoder's weights (20 MiB mapped) leave the resident set before the decoder runs,
+    the decoder's (65 MiB) while the encoder runs; the peak is that of one component's weights, not both, and the
+    result is the same to the last digit. The peak drops by most of the encoder's weights: 22 MB on an Intel Xeon
+    without VNNI (191 -> 169 MB), 14.0-17.5 MiB in 8 pairs on a Xeon with AMX (184-190 -> 168-173 MiB, +-3 MiB
+    within each mode), where a fixed 15 MiB floor failed 3 runs of 5; the floor is 60 % of the weights."""
     from whisperane.loading import load_model
 
     load_model(tiny_en_bundle, compute_type="int8")  # the saved optimized graphs exist from here on
@@ -130,7 +132,8 @@ def test_releasing_idle_weights_lowers_the_peak_and_changes_nothing(tiny_en_bund
                              capture_output=True, text=True, check=True)  # fmt: skip
         runs[mode] = json.loads(run.stdout.strip().splitlines()[-1])
     assert runs["release"]["json"] == runs["keep"]["json"]
-    assert runs["keep"]["peak_kib"] - runs["release"]["peak_kib"] > 15 * 1024
+    encoder_weights = next(tiny_en_bundle.glob(".ort-cache/AudioEncoder.int8.*/weights.data")).stat().st_size
+    assert (runs["keep"]["peak_kib"] - runs["release"]["peak_kib"]) * 1024 > 0.6 * encoder_weights
 
 
 def _present_pages(start: int, length: int) -> int:
