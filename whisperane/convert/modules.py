@@ -65,7 +65,8 @@ def sdpa_cached(q: Tensor, cached: tuple[Tensor, Tensor, Tensor], new: tuple[Ten
     (kc, vc, mc), (kn, vn, mn) = cached, new
     qs = (q * head_scale(q)).transpose(2, 3)  # [B, H, T, Dh]
     w = torch.cat([torch.matmul(qs, kc) + mc, torch.matmul(qs, kn) + mn], dim=3).softmax(dim=-1)
-    wc, wn = torch.split(w, [kc.shape[3], kn.shape[3]], dim=3)
+    s = int(kc.shape[3])  # the cache's fixed length: a constant slice, where split() traced both sizes' shapes
+    wc, wn = w[..., :s], w[..., s:]
     return weighted_values(wc, vc) + weighted_values(wn, vn)  # [B, H, Dh, T]
 
 
@@ -172,15 +173,39 @@ def layer_norm(n: int, layout: str) -> nn.Module:
     return LayerNormANE(n) if layout == "ane" else nn.LayerNorm(n)
 
 
+KEEP = 0  # in a ``reshape`` target: this dimension as the input has it (ONNX Reshape's 0)
+
+
+class _Reshape(torch.autograd.Function):
+    """``x`` to ``shape``, where KEEP takes the input's size at that index: exported as one Reshape with a
+    constant target. ``x.reshape(x.shape[0], ...)`` is traced into Shape/Gather/Unsqueeze/Concat chains that ONNX
+    Runtime runs on every call where the batch or token count is dynamic (214 of the one-token step's 392 nodes)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, shape: tuple[int, ...]) -> Tensor:  # noqa: ARG004
+        return x.reshape([x.shape[i] if n == KEEP else n for i, n in enumerate(shape)])
+
+    @staticmethod
+    def symbolic(g, x, shape: tuple[int, ...]):
+        return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor(shape, dtype=torch.int64)))
+
+
+def reshape(x: Tensor, *shape: int) -> Tensor:
+    """``x.reshape(shape)`` with KEEP for the input's own size at that index; a constant-target Reshape in ONNX
+    export, a plain reshape elsewhere (torch, Core ML's traced graphs)."""
+    if torch.onnx.is_in_onnx_export():
+        return _Reshape.apply(x, shape)
+    return x.reshape([x.shape[i] if n == KEEP else n for i, n in enumerate(shape)])
+
+
 def split_heads(x: Tensor, n_head: int) -> Tensor:
     """BC1S [B, d, 1, T] -> [B, H, Dh, T] (caches and ane-layout activations)."""
-    b, d, _, t = x.shape
-    return x.reshape(b, n_head, -1, t)
+    return reshape(x, KEEP, n_head, -1, KEEP)
 
 
 def merge_heads(x: Tensor) -> Tensor:
-    b, h, dh, t = x.shape
-    return x.reshape(b, h * dh, 1, t)
+    """[B, H, Dh, T] -> BC1S [B, H * Dh, 1, T]."""
+    return reshape(x, KEEP, -1, 1, KEEP)
 
 
 def to_bc1s(x: Tensor, layout: str) -> Tensor:
@@ -196,15 +221,13 @@ def heads(x: Tensor, n_head: int, layout: str) -> Tensor:
     """An activation in ``layout`` -> [B, H, Dh, T], the form every SDPA implementation takes."""
     if layout == "ane":
         return split_heads(x, n_head)
-    b, t, d = x.shape
-    return x.reshape(b, t, n_head, d // n_head).permute(0, 2, 3, 1)
+    return reshape(x, KEEP, KEEP, n_head, -1).permute(0, 2, 3, 1)
 
 
 def unheads(o: Tensor, layout: str) -> Tensor:
     if layout == "ane":
         return merge_heads(o)
-    b, h, dh, t = o.shape
-    return o.permute(0, 3, 1, 2).reshape(b, t, h * dh)
+    return reshape(o.permute(0, 3, 1, 2), KEEP, KEEP, -1)
 
 
 class MLP(nn.Module):
@@ -418,7 +441,9 @@ class TextDecoderBase(nn.Module):
             ek = split_heads(self.layer_slice(enc_k, i), block.n_head)
             ev = split_heads(self.layer_slice(enc_v, i), block.n_head)
             o, w = self.sdpa(q, ek, ev, None)  # w [B, H, T, F]
-            align += [w[:, head] for layer, head in self.alignment_heads if layer == i]
+            layer_heads = [head for layer, head in self.alignment_heads if layer == i]
+            if layer_heads:  # one Gather of this layer's heads, not one Gather and Unsqueeze a head
+                align.append(w[:, layer_heads])  # [B, A_i, T, F]
             x = x + block.cross_attn.out(unheads(o, lay))
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x), new_k, new_v, align
@@ -452,7 +477,7 @@ class TextDecoderBase(nn.Module):
         the graph and normalise on the host than to project."""
         x = from_bc1s(x, "btc") if self.layout == "ane" else x  # [B, T, d]
         positions = torch.cat([logit_positions, logprob_positions]).long()
-        rows = x.index_select(1, positions).transpose(0, 1).reshape(-1, x.shape[2])  # [(P + Q) * B, d]
+        rows = x.index_select(1, positions).transpose(0, 1).reshape(-1, int(x.shape[2]))  # [(P + Q) * B, d]
         logits = F.linear(rows, self.token_embedding.weight)
         tokens = logprob_tokens.long().t().reshape(-1, 1)  # [Q * B, 1], position-major
         logprobs = _TextLogprobs.apply(logits, tokens, self.text_vocab)  # [Q * B, 1]
@@ -529,7 +554,7 @@ class TextDecoder(TextDecoderBase):
 
         x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache)
         logits = self.logits(x)  # [B, 1, V]
-        weights = torch.cat(align, dim=1)  # each [B, 1, F] -> [B, A, F]
+        weights = torch.cat(align, dim=1)[:, :, 0]  # [B, A, 1, F] -> [B, A, F]
         return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights
 
 
@@ -572,7 +597,7 @@ class TextDecoderSequence(TextDecoderBase):
             return sdpa_cached(q, cached, (split_heads(k, n_head), split_heads(v, n_head), causal))
 
         x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache)
-        weights = torch.stack(align, dim=1)  # [B, A, T, F]
+        weights = torch.cat(align, dim=1)  # [B, A, T, F]
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
         # nothing reads, cost half of the call (tiny.en, 217 tokens: 148 of ~300 ms) until it could be skipped.
         logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)
