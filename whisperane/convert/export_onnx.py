@@ -12,6 +12,7 @@ from ..dims import ModelDimensions
 from . import modules
 
 OPSET = 17
+CACHE_POSITIONS = "cache_positions"  # TextDecoderSequence's dynamic cache length
 
 
 def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str], dynamic: dict) -> Path:
@@ -129,6 +130,10 @@ def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, pa
     if per_layer:
         ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
     dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
+    # The cached positions are as many as the host passes: all S, or none for a call on an empty state (a prompt,
+    # the alignment pass), whose attention then skips S masked positions.
+    dyn.update({n: {0: "batch", 3: CACHE_POSITIONS} for n in ex if n.startswith(("key_cache", "value_cache"))})
+    dyn["decoder_key_padding_mask"] = {0: "batch", 1: CACHE_POSITIONS}
     dyn["input_ids"] = {0: "batch", 1: "tokens"}
     dyn["logit_positions"] = {0: "positions"}
     dyn["logprob_positions"] = {0: "scored"}

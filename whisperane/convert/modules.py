@@ -65,7 +65,9 @@ def sdpa_cached(q: Tensor, cached: tuple[Tensor, Tensor, Tensor], new: tuple[Ten
     (kc, vc, mc), (kn, vn, mn) = cached, new
     qs = (q * head_scale(q)).transpose(2, 3)  # [B, H, T, Dh]
     w = torch.cat([torch.matmul(qs, kc) + mc, torch.matmul(qs, kn) + mn], dim=3).softmax(dim=-1)
-    s = int(kc.shape[3])  # the cache's fixed length: a constant slice, where split() traced both sizes' shapes
+    # The cache's length, read off its mask (the same tensor in every layer, so ONNX Runtime computes it once);
+    # a call on an empty state passes no cache positions at all.
+    s = mc.shape[3]
     wc, wn = w[..., :s], w[..., s:]
     return weighted_values(wc, vc) + weighted_values(wn, vn)  # [B, H, Dh, T]
 
@@ -199,8 +201,9 @@ def reshape(x: Tensor, *shape: int) -> Tensor:
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
-    """BC1S [B, d, 1, T] -> [B, H, Dh, T] (caches and ane-layout activations)."""
-    return reshape(x, KEEP, n_head, -1, KEEP)
+    """BC1S [B, d, 1, T] -> [B, H, Dh, T] (caches and ane-layout activations). T is the inferred size: it may be
+    0 (an empty cache), from which ONNX Runtime cannot infer Dh."""
+    return reshape(x, KEEP, n_head, int(x.shape[1]) // n_head, -1)
 
 
 def merge_heads(x: Tensor) -> Tensor:
