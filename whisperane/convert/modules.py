@@ -178,6 +178,10 @@ def layer_norm(n: int, layout: str) -> nn.Module:
 KEEP = 0  # in a ``reshape`` target: this dimension as the input has it (ONNX Reshape's 0)
 
 
+def _kept(x: Tensor, shape: tuple[int, ...]) -> list[int]:
+    return [x.shape[i] if n == KEEP else n for i, n in enumerate(shape)]
+
+
 class _Reshape(torch.autograd.Function):
     """``x`` to ``shape``, where KEEP takes the input's size at that index: exported as one Reshape with a
     constant target. ``x.reshape(x.shape[0], ...)`` is traced into Shape/Gather/Unsqueeze/Concat chains that ONNX
@@ -185,7 +189,7 @@ class _Reshape(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, shape: tuple[int, ...]) -> Tensor:  # noqa: ARG004
-        return x.reshape([x.shape[i] if n == KEEP else n for i, n in enumerate(shape)])
+        return x.reshape(_kept(x, shape))
 
     @staticmethod
     def symbolic(g, x, shape: tuple[int, ...]):
@@ -195,9 +199,7 @@ class _Reshape(torch.autograd.Function):
 def reshape(x: Tensor, *shape: int) -> Tensor:
     """``x.reshape(shape)`` with KEEP for the input's own size at that index; a constant-target Reshape in ONNX
     export, a plain reshape elsewhere (torch, Core ML's traced graphs)."""
-    if torch.onnx.is_in_onnx_export():
-        return _Reshape.apply(x, shape)
-    return x.reshape([x.shape[i] if n == KEEP else n for i, n in enumerate(shape)])
+    return _Reshape.apply(x, shape) if torch.onnx.is_in_onnx_export() else x.reshape(_kept(x, shape))
 
 
 def split_heads(x: Tensor, n_head: int) -> Tensor:
