@@ -225,10 +225,9 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
             cache = [c[..., : prompt.shape[1]].copy() for c in (*state.keys, *state.values)]
         with model.decoding_state(1) as state:
             probabilities, weights = model.decoder.score(state, scored, *args)
-        return logits, cache, probabilities, weights
+        return [logits, *cache, probabilities, weights]
 
     empty, full = runs(True), runs(False)
     assert seen == [0, 0, model.decoder.layout.length, model.decoder.layout.length]
-    for a, b in zip(empty, full, strict=True):
-        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b], strict=True):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    for x, y in zip(empty, full, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

@@ -119,7 +119,7 @@ class DecoderState:
                 **dict(zip(self.layout.names("value_cache"), self.values, strict=True))}  # fmt: skip
 
     def call_feeds(self, any_length: bool) -> dict[str, np.ndarray]:
-        """The caches and the padding mask as a multi-token call takes them. A graph whose cache length is free
+        """The caches and the padding mask as a decoder call takes them. A graph whose cache length is free
         (``any_length``, ``takes_any_cache_length``) gets none of the S positions while every row is empty: a
         window's prompt and its alignment pass then attend over their own tokens alone, not S masked positions
         besides (tiny.en int8: 200-token prompt 41.5 -> 32.2 ms, alignment pass 33.5 -> 29.2 ms; the same outputs)."""
