@@ -381,9 +381,10 @@ def test_onnx_decoder_sequence_matches_torch(case):
 @pytest.mark.slow
 def test_onnx_decoder_sequence_projects_only_the_positions_asked_for(case):
     """``logit_positions`` picks the rows of the logits (any order) and leaves the caches and alignment weights
-    as they are; none at all (a prompt, whose logits nothing reads) skips the vocabulary projection. The
-    logits come position-major, then the rows projected for ``logprob_positions``, which give the same
-    log-probabilities alone."""
+    as they are; none at all (a prompt, whose logits nothing reads) skips the vocabulary projection, and from
+    converter revision 17 the last layer's queries, cross-attention and MLP (no alignment weights rows), with
+    the same caches. The logits come position-major, then the rows projected for ``logprob_positions``, which
+    give the same log-probabilities alone."""
     eot = case.info.special_tokens["eot"]
     feeds = sequence_feeds(case.tokens, case.enc_k, case.enc_v, case.info.cache_length, eot)
     session = case.session("TextDecoderSequence")
@@ -397,8 +398,9 @@ def test_onnx_decoder_sequence_projects_only_the_positions_asked_for(case):
     none = session.run(None, {**feeds, "logit_positions": np.zeros(0, np.int32), **no_logprobs(1)})
     assert none[0].shape == (0, case.info.dims.n_vocab)
     assert none[4].shape == (1, 0)
-    for a, b in zip(full[1:4], none[1:4], strict=True):
+    for a, b in zip(full[1:3], none[1:3], strict=True):
         np.testing.assert_array_equal(a, b)
+    assert none[3].shape == (*full[3].shape[:2], 0, full[3].shape[3])
 
 
 def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions, table: TokenTable | None = None):

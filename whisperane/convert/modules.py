@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -223,16 +224,86 @@ def from_bc1s(x: Tensor, layout: str) -> Tensor:
 
 
 def heads(x: Tensor, n_head: int, layout: str) -> Tensor:
-    """An activation in ``layout`` -> [B, H, Dh, T], the form every SDPA implementation takes."""
+    """An activation in ``layout`` -> [B, H, Dh, T], the form every SDPA implementation takes. T is the inferred
+    size: a prompt's last layer runs its queries on no rows (``tail_rows``)."""
     if layout == "ane":
         return split_heads(x, n_head)
-    return reshape(x, KEEP, KEEP, n_head, -1).permute(0, 2, 3, 1)
+    return reshape(x, KEEP, -1, n_head, int(x.shape[2]) // n_head).permute(0, 2, 3, 1)
 
 
 def unheads(o: Tensor, layout: str) -> Tensor:
+    """[B, H, Dh, T] -> an activation in ``layout``; T inferred, as in ``heads``."""
     if layout == "ane":
         return merge_heads(o)
-    return reshape(o.permute(0, 3, 1, 2), KEEP, KEEP, -1)
+    return reshape(o.permute(0, 3, 1, 2), KEEP, -1, int(o.shape[1]) * int(o.shape[2]))
+
+
+INT64_MAX = torch.iinfo(torch.int64).max
+
+
+class Tail(NamedTuple):
+    """The rows of a TextDecoderSequence call that the last layer's attention and MLP run on: from ``first`` ([1]
+    int64) on, the indices ``rows`` of the call's ``length`` ([1] int64) tokens (``tail_rows``)."""
+
+    first: Tensor
+    rows: Tensor
+    length: Tensor
+
+
+class _TailRows(torch.autograd.Function):
+    """``Tail`` of a call of ``input_ids`` [B, T] that reads ``positions`` (logits and log-probabilities): from 0
+    where it reads any, from T where it reads none (a prompt, whose only use is the K/V it leaves in the cache:
+    the last layer's come from its key and value projections alone). One Shape, one Range in ONNX."""
+
+    @staticmethod
+    def forward(ctx, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ARG004
+        # tensor operations only: the exporter traces this forward too
+        length = torch.ones_like(input_ids[0, :1], dtype=torch.int64) * input_ids.shape[1]
+        first = (1 - torch.ones_like(positions[:1], dtype=torch.int64).sum()) * length
+        rows = torch.arange(input_ids.shape[1])
+        return first, rows[rows >= first], length
+
+    @staticmethod
+    def symbolic(g, input_ids, positions):
+        const = lambda v: g.op("Constant", value_t=torch.tensor(v, dtype=torch.int64))  # noqa: E731
+        length = g.op("Gather", g.op("Shape", input_ids), const([1]), axis_i=0)
+        unread = g.op("Cast", g.op("Equal", g.op("Size", positions), const(0)), to_i=7)  # 7: INT64
+        first = g.op("Mul", length, unread)
+        scalar = lambda v: g.op("Squeeze", v, const([0]))  # noqa: E731
+        return first, g.op("Range", scalar(first), scalar(length), const(1)), length
+
+
+class _RowsFrom(torch.autograd.Function):
+    """``x`` from index ``first`` ([1] int64, a tensor) on along ``axis``: one Slice."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, first: Tensor, axis: int) -> Tensor:  # noqa: ARG004
+        rows = torch.arange(x.shape[axis])  # tensor operations only, no int(first): the exporter traces this forward
+        return x.index_select(axis, rows[rows >= first])
+
+    @staticmethod
+    def symbolic(g, x, first, axis: int):
+        const = lambda v: g.op("Constant", value_t=torch.tensor([v], dtype=torch.int64))  # noqa: E731
+        return g.op("Slice", x, first, const(INT64_MAX), const(axis))
+
+
+def tail_rows(input_ids: Tensor, positions: Tensor) -> Tail:
+    return Tail(*_TailRows.apply(input_ids, positions))
+
+
+def head_rows(w: Tensor, heads: list[int], tail: Tail | None) -> Tensor:
+    """Attention weights [B, H, T, F] -> the heads ``heads`` at the tail's rows (all rows without one),
+    [B, A, R, F], in one Gather over the flattened heads and rows (a Gather of the heads and a Slice of the rows
+    would copy the weights twice: +3 MB at JFK's peak on tiny.en)."""
+    if tail is None:
+        return w[:, heads]
+    f = int(w.shape[3])
+    index = (torch.tensor(heads)[:, None] * tail.length + tail.rows[None, :]).reshape(-1)
+    return reshape(reshape(w, KEEP, -1, f).index_select(1, index), KEEP, len(heads), -1, f)
+
+
+def rows_from(x: Tensor, first: Tensor, axis: int) -> Tensor:
+    return _RowsFrom.apply(x, first, axis)
 
 
 class MLP(nn.Module):
@@ -427,31 +498,42 @@ class TextDecoderBase(nn.Module):
         return cache[:, layer * d : (layer + 1) * d]
 
     def run_blocks(
-        self, x: Tensor, self_attention, enc_k: Tensor, enc_v: Tensor
+        self, x: Tensor, self_attention, enc_k: Tensor, enc_v: Tensor, tail: Tail | None = None
     ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Tensor]]:
-        """x [B, T, d] in this layout. ``self_attention(layer, q, k, v)`` takes the queries [B, H, Dh, T] and
-        the new tokens' K/V in BC1S and returns the attention output [B, H, Dh, T] over whatever the layer
-        attends to (a cache and the new tokens); the new K/V are returned in BC1S for the cache."""
+        """x [B, T, d] in this layout. ``self_attention(layer, q, k, v, first)`` takes the queries [B, H, Dh, Tq]
+        and the new tokens' K/V in BC1S and returns the attention output [B, H, Dh, Tq] over whatever the layer
+        attends to (a cache and the new tokens); the new K/V are returned in BC1S for the cache. With a ``tail``
+        (``tail_rows``), the last layer's queries, cross-attention and MLP run on the rows from ``tail.first`` on
+        (``first``; None in the other layers), and the alignment weights cover those rows."""
         lay = self.layout
+        last = len(self.blocks) - 1
         new_k, new_v, align = [], [], []
         for i, block in enumerate(self.blocks):
             h = block.attn_ln(x)
-            q = heads(block.attn.query(h), block.n_head, lay)
             k, v = to_bc1s(block.attn.key(h), lay), to_bc1s(block.attn.value(h), lay)
             new_k.append(k)
             new_v.append(v)
-            x = x + block.attn.out(unheads(self_attention(i, q, k, v), lay))
+            first = tail.first if tail is not None and i == last else None
+            if first is not None:  # a prompt's tail, read by nothing: 22 % of the call (tiny.en, 217 tokens), 18 % (base)
+                x, h = rows_from(x, first, self.time_axis), rows_from(h, first, self.time_axis)
+            q = heads(block.attn.query(h), block.n_head, lay)
+            x = x + block.attn.out(unheads(self_attention(i, q, k, v, first), lay))
             h = block.cross_attn_ln(x)
             q = heads(block.cross_attn.query(h), block.n_head, lay)
             ek = split_heads(self.layer_slice(enc_k, i), block.n_head)
             ev = split_heads(self.layer_slice(enc_v, i), block.n_head)
-            o, w = self.sdpa(q, ek, ev, None)  # w [B, H, T, F]
+            o, w = self.sdpa(q, ek, ev, None)  # w [B, H, Tq, F]
             layer_heads = [head for layer, head in self.alignment_heads if layer == i]
-            if layer_heads:  # one Gather of this layer's heads, not one Gather and Unsqueeze a head
-                align.append(w[:, layer_heads])  # [B, A_i, T, F]
+            if layer_heads:  # the rows the last layer's weights have (its queries' own)
+                align.append(head_rows(w, layer_heads, tail if i < last else None))  # [B, A_i, Tq, F]
             x = x + block.cross_attn.out(unheads(o, lay))
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x), new_k, new_v, align
+
+    @property
+    def time_axis(self) -> int:
+        """The token axis of an activation in this layout: [B, T, d] or BC1S [B, d, 1, T]."""
+        return 3 if self.layout == "ane" else 1
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """Self-attention of queries [B, H, Dh, T] over keys/values in BC1S, with an additive mask."""
@@ -552,7 +634,7 @@ class TextDecoder(TextDecoderBase):
 
         mask = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
 
-        def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor, first: None) -> Tensor:  # noqa: ARG001
             k_all = self.layer_slice(key_cache, i) * keep + k * upd
             v_all = self.layer_slice(value_cache, i) * keep + v * upd
             return self.attend(q, k_all, v_all, mask)
@@ -596,13 +678,15 @@ class TextDecoderSequence(TextDecoderBase):
         causal = torch.triu(torch.full((t, t), MASK_VALUE, dtype=x.dtype), diagonal=1)  # [T, T]
         pad = decoder_key_padding_mask.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, S]
 
-        def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        def self_attention(i: int, q: Tensor, k: Tensor, v: Tensor, first: Tensor | None) -> Tensor:
             n_head = self.dims.n_text_head
             cached = (split_heads(self.layer_slice(key_cache, i), n_head), split_heads(self.layer_slice(value_cache, i), n_head), pad)
-            return sdpa_cached(q, cached, (split_heads(k, n_head), split_heads(v, n_head), causal))
+            mask = causal if first is None else rows_from(causal, first, 0)  # the query rows' own
+            return sdpa_cached(q, cached, (split_heads(k, n_head), split_heads(v, n_head), mask))
 
-        x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache)
-        weights = torch.cat(align, dim=1)  # [B, A, T, F]
+        tail = tail_rows(input_ids, torch.cat([logit_positions, logprob_positions]))
+        x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache, tail)
+        weights = torch.cat(align, dim=1)  # [B, A, T - tail.first, F]
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
         # nothing reads, cost half of the call (tiny.en, 217 tokens: 148 of ~300 ms) until it could be skipped.
         logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)

@@ -30,7 +30,7 @@ from .tokenizer_build import build_tokenizer_json, token_config
 FORMATS = ("onnx", "coreml")
 # Bumped whenever the converter's output changes for the same source and options, so bundles made by an
 # older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 16
+CONVERTER_REVISION = 17
 # Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
 # reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
 # the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one

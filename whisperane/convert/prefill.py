@@ -110,7 +110,7 @@ def _tree_kv(
 
     mask = tree.mask()
 
-    def self_attention(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def self_attention(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _first: None) -> torch.Tensor:
         return decoder.attend(q, k, v, mask)  # no cache: every position is among the new tokens
 
     _, keys, values, _ = decoder.run_blocks(x, self_attention, enc_k, enc_v)
