@@ -56,6 +56,7 @@ FLOAT = 4  # bytes of a float32
 READ_MIB = 512  # larger than any last-level cache: a stream from DRAM
 CACHED_MIB = 16  # fits this kind of machine's last-level cache (35.8 MiB, shared)
 FLUSH_MIB = 128  # read between the runs of a cold probe, to evict its weights from the caches
+TAIL_REVISION = 17  # the converter revision from which a call with no logits skips the last layer's tail
 NBITS_BLOCK = 32  # the int8 decoder's MatMulNBits: 8-bit weights in blocks of 32 (the converter's quantize)
 NBITS_ACCURACY = 4  # ... with int8 activations
 DECODER_M = (1, 100, 224)  # one token; a typical word-alignment pass; the longest previous-text prompt
@@ -296,6 +297,7 @@ class Shapes:
     cache: int  # the decoder's fixed self-attention cache length
     encoder: GraphWork
     decoder: GraphWork
+    tail_skipped: bool = False  # converter revision 17 on: a call with no logits skips the last layer's tail
 
     @classmethod
     def of_bundle(cls, bundle: Path) -> Shapes:
@@ -306,7 +308,21 @@ class Shapes:
         return cls(dims.n_audio_state, dims.n_audio_head, dims.n_audio_layer, dims.n_text_layer, dims.n_audio_ctx,
                    dims.n_mels, dims.n_vocab, info.cache_length,
                    read_graph(bundle / files["AudioEncoder"]["onnx-int8"], dims.n_vocab),
-                   read_graph(bundle / files["TextDecoderSequence"]["onnx-int8"], dims.n_vocab))  # fmt: skip
+                   read_graph(bundle / files["TextDecoderSequence"]["onnx-int8"], dims.n_vocab),
+                   info.config.get("conversion_options", {}).get("converter_revision", 0) >= TAIL_REVISION)  # fmt: skip
+
+    def decoder_gemms(self, logits: bool) -> Counter:
+        """The decoder's GEMMs that a call runs, (kind, K, N) -> count: a call with no logits runs no vocabulary
+        projection, and from converter revision 17 only the key and value projections of the last layer (not its
+        query and output projections, cross-attention's two, fc1 and fc2)."""
+        gemms = Counter({key: n for key, n in self.decoder.gemms.items() if logits or key[2] != self.vocab})
+        if not logits and self.tail_skipped:
+            gemms -= Counter({("nbits", self.d, self.d): 4, ("nbits", self.d, 4 * self.d): 1, ("nbits", 4 * self.d, self.d): 1})
+        return gemms
+
+    def attention_layers(self, logits: bool) -> int:
+        """The decoder layers whose attention a call computes (the last one's is skipped as its tail is)."""
+        return self.decoder_layers - (not logits and self.tail_skipped)
 
     @property
     def self_cache_bytes(self) -> int:
@@ -319,9 +335,10 @@ class Shapes:
         """The cross-attention K and V, float32 [1, d, 1, F] per layer each."""
         return 2 * self.decoder_layers * self.d * self.frames * FLOAT
 
-    def decoder_attention_flops(self, tokens: int) -> float:
-        """QK^T and AV of one token over the self cache (S + T positions) and the F encoder frames, all layers."""
-        return 4.0 * self.d * (self.cache + tokens + self.frames) * self.decoder_layers
+    def decoder_attention_flops(self, tokens: int, layers: int | None = None) -> float:
+        """QK^T and AV of one token over the self cache (S + T positions) and the F encoder frames, all layers
+        (or ``layers``)."""
+        return 4.0 * self.d * (self.cache + tokens + self.frames) * (layers or self.decoder_layers)
 
 
 def encoder_ops(s: Shapes) -> list[tuple[str, Probe, int]]:
@@ -344,13 +361,16 @@ def gemm_role(s: Shapes, k: int, n: int) -> str:
 
 def probes_for(s: Shapes) -> list[Probe]:
     """The encoder's operations at their shapes (each GEMM shape both float32 and int8), the decoder's
-    MatMulNBits at one token and at multi-token lengths, the vocabulary projection also cold."""
+    MatMulNBits at one token and at multi-token lengths, the vocabulary projection also cold and also int8."""
     probes = [p for _, p, _ in encoder_ops(s)]
     for _, k, n in sorted({key for key in s.encoder.gemms}):
         probes += [Probe(kind, s.frames, k, n) for kind in ("float32", "int8")]
     for _, k, n in sorted(s.decoder.gemms):
         probes += [Probe("nbits", m, k, n) for m in (VOCAB_M if n == s.vocab else DECODER_M)]
     probes.append(Probe("nbits", 1, s.d, s.vocab, cold=True))
+    # The vocabulary projection through the encoder's int8 kernel too: the rate a per-token int8 projection
+    # would reach (issue 12's alignment pass); not a kernel the decoder runs.
+    probes += [Probe("int8", m, s.d, s.vocab) for m in VOCAB_M]
     return sorted(set(probes), key=lambda p: (list(KERNELS).index(p.kind), p.k, p.n, p.m, p.cold))
 
 
@@ -397,11 +417,10 @@ def decoder_limit(s: Shapes, rates: Rates, bandwidth: float, rows: int, tokens: 
     weights (without the vocabulary projection when no logits are asked for: the graph skips it, given no logit_positions),
     every row's whole self cache, the cross K/V once, at the DRAM bandwidth."""
     m = rows * tokens
-    attention = m * s.decoder_attention_flops(tokens) / rates.attention
+    attention = m * s.decoder_attention_flops(tokens, s.attention_layers(logits)) / rates.attention
 
     def gemms(min_m: int) -> float:
-        return sum(count * rates.seconds("nbits", m, k, n, min_m) for (_, k, n), count in s.decoder.gemms.items()
-                   if logits or n != s.vocab)  # fmt: skip
+        return sum(count * rates.seconds("nbits", m, k, n, min_m) for (_, k, n), count in s.decoder_gemms(logits).items())
 
     weights = s.decoder.weight_bytes - (0 if logits else s.decoder.vocab_bytes)
     memory = (weights + rows * s.self_cache_bytes + s.cross_bytes) / (bandwidth * 1e9)
@@ -410,8 +429,9 @@ def decoder_limit(s: Shapes, rates: Rates, bandwidth: float, rows: int, tokens: 
 
 def decoder_flops(s: Shapes, tokens: int, logits: bool) -> tuple[float, float, float]:
     """(linear, attention, vocabulary projection) FLOPs of a one-row call of ``tokens`` tokens."""
-    linear = sum(count * 2.0 * tokens * k * n for (_, k, n), count in s.decoder.gemms.items() if n != s.vocab)
-    return linear, tokens * s.decoder_attention_flops(tokens), (2.0 * tokens * s.d * s.vocab if logits else 0.0)
+    linear = sum(count * 2.0 * tokens * k * n for (_, k, n), count in s.decoder_gemms(logits).items() if n != s.vocab)
+    attention = tokens * s.decoder_attention_flops(tokens, s.attention_layers(logits))
+    return linear, attention, (2.0 * tokens * s.d * s.vocab if logits else 0.0)
 
 
 # --- the measured split ----------------------------------------------------------------------------------------------
@@ -560,7 +580,8 @@ def print_probes(s: Shapes, rates: Rates, threads: int) -> None:
     emit("One-operation graphs at the model's shapes. int8: the encoder's DynamicQuantizeLinear + MatMulInteger "
          "+ scale pattern, which ONNX Runtime fuses into DynamicQuantizeMatMul (input quantization included; in "
          "the encoder q, k and v share one quantization: MatMulIntegerToFloat); attention: the QK^T and AV products as "
-         "MatMuls (the encoder runs them inside ONNX Runtime's MultiHeadAttention, the decoder as FusedMatMul); nbits: the decoder's MatMulNBits; GB/s: weights "
+         "MatMuls (the encoder runs them inside ONNX Runtime's MultiHeadAttention, the decoder as FusedMatMul); nbits: the decoder's MatMulNBits; int8 at d->V: not a kernel the decoder runs, the rate its vocabulary "
+         "projection would have as a per-token int8 MatMul (7-bit weights, as AVX2's u8 x s8 pair sums need); GB/s: weights "
          "(stored precision, with scales) and float32 input over the best time; cold: a 128 MiB read between "
          f"runs evicts the weights first. Times are net of one empty `session.run` ({1e6 * rates.overhead:.0f} us, "
          "an Identity graph).\n")  # fmt: skip
