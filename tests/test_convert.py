@@ -149,7 +149,9 @@ def decode_teacher_forced(
         value_cache[..., i] = v[..., 0]
         padding[0, i] = 0.0
         row = logits.reshape(-1, logits.shape[-1])[0]  # [1, 1, V] one-token, [1, V] sequence graph
-        for acc, x in zip(out, (row, k[0, :, 0, 0], v[0, :, 0, 0], w[0, :, 0] if appending else w[0]), strict=True):
+        # weights [1, A, F] (one-token graph; sequence graphs from revision 17: each layer's heads a block of rows)
+        # or [1, A, 1, F] (older sequence graphs)
+        for acc, x in zip(out, (row, k[0, :, 0, 0], v[0, :, 0, 0], w[0].reshape(-1, w.shape[-1])), strict=True):
             acc.append(x)
     return DecodeTrace(*(np.stack(acc) for acc in out))
 
@@ -382,8 +384,8 @@ def test_onnx_decoder_sequence_matches_torch(case):
 def test_onnx_decoder_sequence_projects_only_the_positions_asked_for(case):
     """``logit_positions`` picks the rows of the logits (any order) and leaves the caches and alignment weights
     as they are; none at all (a prompt, whose logits nothing reads) skips the vocabulary projection, and from
-    converter revision 17 the last layer's queries, cross-attention and MLP (no alignment weights rows), with
-    the same caches. The logits come position-major, then the rows projected for ``logprob_positions``, which
+    converter revision 17 the last layer's queries, cross-attention and MLP (no rows of its alignment heads'
+    weights), with the same caches and the other layers' weights. The logits come position-major, then the rows projected for ``logprob_positions``, which
     give the same log-probabilities alone."""
     eot = case.info.special_tokens["eot"]
     feeds = sequence_feeds(case.tokens, case.enc_k, case.enc_v, case.info.cache_length, eot)
@@ -400,7 +402,9 @@ def test_onnx_decoder_sequence_projects_only_the_positions_asked_for(case):
     assert none[4].shape == (1, 0)
     for a, b in zip(full[1:3], none[1:3], strict=True):
         np.testing.assert_array_equal(a, b)
-    assert none[3].shape == (*full[3].shape[:2], 0, full[3].shape[3])
+    heads, last = case.info.alignment_heads, case.info.dims.n_text_layer - 1
+    earlier = sum(layer < last for layer, _ in heads) * t  # the last layer's heads: no rows
+    np.testing.assert_array_equal(none[3], full[3][:, :earlier])
 
 
 def per_layer_runner(session: ort.InferenceSession, dims: ModelDimensions, table: TokenTable | None = None):
@@ -485,7 +489,8 @@ def test_onnx_int8_decoder_close_to_torch(case, calls):
         eot = case.info.special_tokens["eot"]
         feeds = sequence_feeds(case.tokens, case.enc_k, case.enc_v, case.info.cache_length, eot)
         out = run(feeds)
-        got = [out[0][: len(case.tokens)], out[1][0, :, 0].T, out[2][0, :, 0].T, out[3][0].transpose(1, 0, 2)]
+        weights = out[3][0].reshape(-1, len(case.tokens), out[3].shape[-1])  # [A, T, F]
+        got = [out[0][: len(case.tokens)], out[1][0, :, 0].T, out[2][0, :, 0].T, weights.transpose(1, 0, 2)]
         want = text_logprobs(ref.logits, case.tokens, feeds["logprob_positions"], eot)
         error = np.abs(np.exp(out[4][0]) - np.exp(want))
         assert error.max() < INT8_PROBABILITY_ERROR and error.mean() < INT8_PROBABILITY_MEAN_ERROR

@@ -440,7 +440,7 @@ def run_sequence(component: Component, state: DecoderState, feeds: dict, need_lo
     logits = out["logits"]
     if scores:  # position-major rows [T * B, V], as the projection wrote them
         logits = logits.reshape(t, -1, logits.shape[-1]).transpose(1, 0, 2)
-    return logits, out["alignment_heads_weights"]
+    return logits, alignment_weights(out, t)
 
 
 def run_scored(component: Component, state: DecoderState, feeds: dict, first: int, targets: np.ndarray) -> tuple:
@@ -452,7 +452,15 @@ def run_scored(component: Component, state: DecoderState, feeds: dict, first: in
     feeds[LOGPROB_TOKENS] = targets.astype(np.int32)
     out = component.run(feeds, [TOKEN_LOGPROBS, *SEQUENCE_UPDATES, "alignment_heads_weights"])
     state.write(out["key_cache_updates"], out["value_cache_updates"])
-    return np.exp(out[TOKEN_LOGPROBS].astype(np.float64)), out["alignment_heads_weights"]
+    return np.exp(out[TOKEN_LOGPROBS].astype(np.float64)), alignment_weights(out, feeds["input_ids"].shape[1])
+
+
+def alignment_weights(out: dict[str, np.ndarray], tokens: int) -> Alignment:
+    """A TextDecoderSequence call's alignment weights as [B, A, T, F]. Bundles from converter revision 17 on give
+    each layer's heads as a block of rows, [B, A * T, F] (a prompt's last layer has none: ``modules.tail_start``),
+    which is that array's memory order; older ones give [B, A, T, F]. A view, no copy."""
+    w = out["alignment_heads_weights"]
+    return w.reshape(w.shape[0], -1, tokens, w.shape[-1]) if w.ndim == 3 else w
 
 
 class AppendingDecoder(Decoder):

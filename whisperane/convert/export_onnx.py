@@ -140,7 +140,7 @@ def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, pa
     dyn["logprob_tokens"] = {0: "batch", 1: "scored"}
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
     dyn.update({"logits": {0: "positions_x_batch"}, "key_cache_updates": {0: "batch", 3: "tokens"},
-                "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 2: "tokens"},
+                "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 1: "head_rows"},
                 "token_logprobs": {0: "batch", 1: "scored"}})  # fmt: skip
     return _export(module, tuple(ex.values()), path, list(ex), SEQUENCE_OUTPUTS, dyn)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -225,7 +224,7 @@ def from_bc1s(x: Tensor, layout: str) -> Tensor:
 
 def heads(x: Tensor, n_head: int, layout: str) -> Tensor:
     """An activation in ``layout`` -> [B, H, Dh, T], the form every SDPA implementation takes. T is the inferred
-    size: a prompt's last layer runs its queries on no rows (``tail_rows``)."""
+    size: a prompt's last layer runs its queries on no rows (``tail_start``)."""
     if layout == "ane":
         return split_heads(x, n_head)
     return reshape(x, KEEP, -1, n_head, int(x.shape[2]) // n_head).permute(0, 2, 3, 1)
@@ -241,36 +240,23 @@ def unheads(o: Tensor, layout: str) -> Tensor:
 INT64_MAX = torch.iinfo(torch.int64).max
 
 
-class Tail(NamedTuple):
-    """The rows of a TextDecoderSequence call that the last layer's attention and MLP run on: from ``first`` ([1]
-    int64) on, the indices ``rows`` of the call's ``length`` ([1] int64) tokens (``tail_rows``)."""
-
-    first: Tensor
-    rows: Tensor
-    length: Tensor
-
-
-class _TailRows(torch.autograd.Function):
-    """``Tail`` of a call of ``input_ids`` [B, T] that reads ``positions`` (logits and log-probabilities): from 0
-    where it reads any, from T where it reads none (a prompt, whose only use is the K/V it leaves in the cache:
-    the last layer's come from its key and value projections alone). One Shape, one Range in ONNX."""
+class _TailStart(torch.autograd.Function):
+    """The first of a call's T rows that the last layer's attention and MLP run on ([1] int64): 0 where the call
+    reads any position's logits or log-probabilities (``positions``), T where it reads none (a prompt, whose only
+    use is the K/V it leaves in the cache: the last layer's come from its key and value projections alone)."""
 
     @staticmethod
-    def forward(ctx, input_ids: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ARG004
+    def forward(ctx, input_ids: Tensor, positions: Tensor) -> Tensor:  # noqa: ARG004
         # tensor operations only: the exporter traces this forward too
-        length = torch.ones_like(input_ids[0, :1], dtype=torch.int64) * input_ids.shape[1]
-        first = (1 - torch.ones_like(positions[:1], dtype=torch.int64).sum()) * length
-        rows = torch.arange(input_ids.shape[1])
-        return first, rows[rows >= first], length
+        tokens = torch.ones_like(input_ids[0, :1], dtype=torch.int64) * input_ids.shape[1]
+        return (1 - torch.ones_like(positions[:1], dtype=torch.int64).sum()) * tokens
 
     @staticmethod
     def symbolic(g, input_ids, positions):
         const = lambda v: g.op("Constant", value_t=torch.tensor(v, dtype=torch.int64))  # noqa: E731
-        length = g.op("Gather", g.op("Shape", input_ids), const([1]), axis_i=0)
+        tokens = g.op("Gather", g.op("Shape", input_ids), const([1]), axis_i=0)
         unread = g.op("Cast", g.op("Equal", g.op("Size", positions), const(0)), to_i=7)  # 7: INT64
-        first = g.op("Mul", length, unread)
-        scalar = lambda v: g.op("Squeeze", v, const([0]))  # noqa: E731
-        return first, g.op("Range", scalar(first), scalar(length), const(1)), length
+        return g.op("Mul", tokens, unread)
 
 
 class _RowsFrom(torch.autograd.Function):
@@ -287,19 +273,8 @@ class _RowsFrom(torch.autograd.Function):
         return g.op("Slice", x, first, const(INT64_MAX), const(axis))
 
 
-def tail_rows(input_ids: Tensor, positions: Tensor) -> Tail:
-    return Tail(*_TailRows.apply(input_ids, positions))
-
-
-def head_rows(w: Tensor, heads: list[int], tail: Tail | None) -> Tensor:
-    """Attention weights [B, H, T, F] -> the heads ``heads`` at the tail's rows (all rows without one),
-    [B, A, R, F], in one Gather over the flattened heads and rows (a Gather of the heads and a Slice of the rows
-    would copy the weights twice: +3 MB at JFK's peak on tiny.en)."""
-    if tail is None:
-        return w[:, heads]
-    f = int(w.shape[3])
-    index = (torch.tensor(heads)[:, None] * tail.length + tail.rows[None, :]).reshape(-1)
-    return reshape(reshape(w, KEEP, -1, f).index_select(1, index), KEEP, len(heads), -1, f)
+def tail_start(input_ids: Tensor, positions: Tensor) -> Tensor:
+    return _TailStart.apply(input_ids, positions)
 
 
 def rows_from(x: Tensor, first: Tensor, axis: int) -> Tensor:
@@ -498,13 +473,13 @@ class TextDecoderBase(nn.Module):
         return cache[:, layer * d : (layer + 1) * d]
 
     def run_blocks(
-        self, x: Tensor, self_attention, enc_k: Tensor, enc_v: Tensor, tail: Tail | None = None
+        self, x: Tensor, self_attention, enc_k: Tensor, enc_v: Tensor, tail_from: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Tensor]]:
         """x [B, T, d] in this layout. ``self_attention(layer, q, k, v, first)`` takes the queries [B, H, Dh, Tq]
         and the new tokens' K/V in BC1S and returns the attention output [B, H, Dh, Tq] over whatever the layer
-        attends to (a cache and the new tokens); the new K/V are returned in BC1S for the cache. With a ``tail``
-        (``tail_rows``), the last layer's queries, cross-attention and MLP run on the rows from ``tail.first`` on
-        (``first``; None in the other layers), and the alignment weights cover those rows."""
+        attends to (a cache and the new tokens); the new K/V are returned in BC1S for the cache. With ``tail_from``
+        (``tail_start``), the last layer's queries, cross-attention and MLP run on the rows from there on
+        (``first``; None in the other layers): its alignment weights [B, A_i, Tq, F] have those rows alone."""
         lay = self.layout
         last = len(self.blocks) - 1
         new_k, new_v, align = [], [], []
@@ -513,7 +488,7 @@ class TextDecoderBase(nn.Module):
             k, v = to_bc1s(block.attn.key(h), lay), to_bc1s(block.attn.value(h), lay)
             new_k.append(k)
             new_v.append(v)
-            first = tail.first if tail is not None and i == last else None
+            first = tail_from if i == last else None
             if first is not None:  # a prompt's tail, read by nothing: 22 % of the call (tiny.en, 217 tokens), 18 % (base)
                 x, h = rows_from(x, first, self.time_axis), rows_from(h, first, self.time_axis)
             q = heads(block.attn.query(h), block.n_head, lay)
@@ -524,8 +499,8 @@ class TextDecoderBase(nn.Module):
             ev = split_heads(self.layer_slice(enc_v, i), block.n_head)
             o, w = self.sdpa(q, ek, ev, None)  # w [B, H, Tq, F]
             layer_heads = [head for layer, head in self.alignment_heads if layer == i]
-            if layer_heads:  # the rows the last layer's weights have (its queries' own)
-                align.append(head_rows(w, layer_heads, tail if i < last else None))  # [B, A_i, Tq, F]
+            if layer_heads:  # one Gather of this layer's heads, not one Gather and Unsqueeze a head
+                align.append(w[:, layer_heads])  # [B, A_i, Tq, F]
             x = x + block.cross_attn.out(unheads(o, lay))
             x = x + block.mlp(block.mlp_ln(x))
         return self.ln(x), new_k, new_v, align
@@ -684,9 +659,14 @@ class TextDecoderSequence(TextDecoderBase):
             mask = causal if first is None else rows_from(causal, first, 0)  # the query rows' own
             return sdpa_cached(q, cached, (split_heads(k, n_head), split_heads(v, n_head), mask))
 
-        tail = tail_rows(input_ids, torch.cat([logit_positions, logprob_positions]))
-        x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache, tail)
-        weights = torch.cat(align, dim=1)  # [B, A, T - tail.first, F]
+        first = tail_start(input_ids, torch.cat([logit_positions, logprob_positions]))
+        x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache, first)
+        # Each layer's heads as a block of rows, [B, sum A_i * T_i, F]: a prompt's last layer has no rows, the
+        # others T; a call that reads the weights (first = 0) gives [B, A, T, F] in this memory order (the host's
+        # reshape, ``decoder.alignment_weights``). Gathering the other layers' rows to match the last layer's cost
+        # a one-token step 11 more nodes (~1.5 %); slicing them after their Gather, 3 MB at JFK's peak.
+        frames = int(align[0].shape[3])
+        weights = torch.cat([reshape(a, KEEP, -1, frames) for a in align], dim=1)
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
         # nothing reads, cost half of the call (tiny.en, 217 tokens: 148 of ~300 ms) until it could be skipped.
         logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)
