@@ -385,8 +385,8 @@ def test_onnx_decoder_sequence_projects_only_the_positions_asked_for(case):
     """``logit_positions`` picks the rows of the logits (any order) and leaves the caches and alignment weights
     as they are; none at all (a prompt, whose logits nothing reads) skips the vocabulary projection, and from
     converter revision 17 the last layer's queries, cross-attention and MLP (no rows of its alignment heads'
-    weights), with the same caches and the other layers' weights. The logits come position-major, then the rows projected for ``logprob_positions``, which
-    give the same log-probabilities alone."""
+    weights), with the same caches and the other layers' weights. The logits come position-major, then the rows
+    projected for ``logprob_positions``, which give the same log-probabilities alone."""
     eot = case.info.special_tokens["eot"]
     feeds = sequence_feeds(case.tokens, case.enc_k, case.enc_v, case.info.cache_length, eot)
     session = case.session("TextDecoderSequence")

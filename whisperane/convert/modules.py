@@ -176,6 +176,12 @@ def layer_norm(n: int, layout: str) -> nn.Module:
 
 
 KEEP = 0  # in a ``reshape`` target: this dimension as the input has it (ONNX Reshape's 0)
+INT64_MAX = torch.iinfo(torch.int64).max  # a Slice's "to the end"
+
+
+def int64_constant(g, value: int | tuple[int, ...] | list[int]):
+    """An ONNX Constant in a ``symbolic``: a scalar for an int, 1-D for a sequence."""
+    return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
 
 
 def _kept(x: Tensor, shape: tuple[int, ...]) -> list[int]:
@@ -193,7 +199,7 @@ class _Reshape(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x, shape: tuple[int, ...]):
-        return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor(shape, dtype=torch.int64)))
+        return g.op("Reshape", x, int64_constant(g, shape))
 
 
 def reshape(x: Tensor, *shape: int) -> Tensor:
@@ -237,9 +243,6 @@ def unheads(o: Tensor, layout: str) -> Tensor:
     return reshape(o.permute(0, 3, 1, 2), KEEP, -1, int(o.shape[1]) * int(o.shape[2]))
 
 
-INT64_MAX = torch.iinfo(torch.int64).max
-
-
 class _TailStart(torch.autograd.Function):
     """The first of a call's T rows that the last layer's attention and MLP run on ([1] int64): 0 where the call
     reads any position's logits or log-probabilities (``positions``), T where it reads none (a prompt, whose only
@@ -253,9 +256,8 @@ class _TailStart(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, input_ids, positions):
-        const = lambda v: g.op("Constant", value_t=torch.tensor(v, dtype=torch.int64))  # noqa: E731
-        tokens = g.op("Gather", g.op("Shape", input_ids), const([1]), axis_i=0)
-        unread = g.op("Cast", g.op("Equal", g.op("Size", positions), const(0)), to_i=7)  # 7: INT64
+        tokens = g.op("Gather", g.op("Shape", input_ids), int64_constant(g, [1]), axis_i=0)
+        unread = g.op("Cast", g.op("Equal", g.op("Size", positions), int64_constant(g, 0)), to_i=7)  # 7: INT64
         return g.op("Mul", tokens, unread)
 
 
@@ -269,8 +271,7 @@ class _RowsFrom(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x, first, axis: int):
-        const = lambda v: g.op("Constant", value_t=torch.tensor([v], dtype=torch.int64))  # noqa: E731
-        return g.op("Slice", x, first, const(INT64_MAX), const(axis))
+        return g.op("Slice", x, first, int64_constant(g, [INT64_MAX]), int64_constant(g, [axis]))
 
 
 def tail_start(input_ids: Tensor, positions: Tensor) -> Tensor:
@@ -574,12 +575,11 @@ class _TextLogprobs(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, logits, tokens, text_vocab: int):
-        def const(*values: int):
-            return g.op("Constant", value_t=torch.tensor(values, dtype=torch.int64))
+        const = lambda *values: int64_constant(g, values)  # noqa: E731 (1-D)
 
         first = lambda t: g.op("Slice", g.op("Shape", t), const(0), const(1))  # noqa: E731
         starts = g.op("Concat", g.op("Sub", first(logits), first(tokens)), const(0), axis_i=0)
-        text = g.op("Slice", logits, starts, const(torch.iinfo(torch.int64).max, text_vocab), const(0, 1))
+        text = g.op("Slice", logits, starts, const(INT64_MAX, text_vocab), const(0, 1))
         picked = g.op("GatherElements", text, tokens, axis_i=1)
         terms = g.op("Reshape", g.op("Exp", g.op("Sub", text, picked)), const(-1, *sum_blocks(text_vocab)))
         total = g.op("ReduceSum", g.op("ReduceSum", terms, const(2), keepdims_i=0), const(1), keepdims_i=1)
