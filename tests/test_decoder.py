@@ -145,9 +145,12 @@ def test_decoder_graphs_never_copy_the_cross_attention_inputs(tiny_en_bundle, na
 
 
 def _scoring_graph(model):
-    """The decoder graph that runs the alignment pass (the one-hot adapter's TextDecoderSequence)."""
+    """The decoder graph that runs the alignment pass (the one-hot adapter's TextDecoderSequence), with the
+    variants its converter revision gives, as the decoder reads them at load time."""
+    from whisperane.decoder import SequenceGraph
+
     sequence = getattr(model.decoder, "sequence", None)
-    return sequence() if sequence is not None else model.decoder.component
+    return SequenceGraph.of(sequence() if sequence is not None else model.decoder.component)
 
 
 def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, window, monkeypatch):
@@ -155,10 +158,10 @@ def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, wind
     normalisation of the same pass's logits (``Decoder.score``, the path of older bundles): equal to float32
     rounding; on real clips the same words, the same word times, and probabilities equal at the 4 decimals
     the output keeps (a last-decimal rounding flip allowed)."""
-    from whisperane.decoder import Decoder, scores_tokens
+    from whisperane.decoder import Decoder
     from whisperane.transcribe import transcribe
 
-    assert scores_tokens(_scoring_graph(model))  # else both sides below would be the host's
+    assert _scoring_graph(model).scores  # else both sides below would be the host's
     tok = model.tokenizer()
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
     tokens = np.asarray([[*tok.sot_sequence, tok.no_timestamps, *text, tok.eot]])
@@ -204,9 +207,9 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
     """A prompt and the alignment pass run on an empty state (converter revision 16 on): the graph gets caches of
     no positions rather than S masked ones, and gives what it gives with all S (the same K/V written, the same
     logits, word probabilities and alignment weights, to float32 rounding: bitwise where measured)."""
-    from whisperane.decoder import DecoderState, takes_any_cache_length
+    from whisperane.decoder import DecoderState
 
-    assert takes_any_cache_length(_scoring_graph(model))
+    assert _scoring_graph(model).any_length
     tok = model.tokenizer()
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
     prompt = np.asarray([[tok.sot_prev, *text]])
@@ -242,7 +245,8 @@ def test_a_prompt_skips_the_last_layers_tail_and_writes_the_same_cache(model, wi
     token."""
     tok = model.tokenizer()
     prompt = np.asarray([[tok.sot_prev, *tok.encode(" And so my fellow Americans, ask not what your country can do")]])
-    graph, calls = _scoring_graph(model), []
+    assert _scoring_graph(model).weight_rows  # read at load time: the weights below are blocks of rows
+    graph, calls = _scoring_graph(model).component, []
     run = graph.run
     monkeypatch.setattr(graph, "run", lambda feeds, outputs=None: calls.append(dict(feeds)) or run(feeds, outputs))
     caches = []

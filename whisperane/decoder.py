@@ -120,7 +120,7 @@ class DecoderState:
 
     def call_feeds(self, any_length: bool) -> dict[str, np.ndarray]:
         """The caches and the padding mask as a decoder call takes them. A graph whose cache length is free
-        (``any_length``, ``takes_any_cache_length``) gets none of the S positions while every row is empty: a
+        (``SequenceGraph.any_length``) gets none of the S positions while every row is empty: a
         window's prompt and its alignment pass then attend over their own tokens alone, not S masked positions
         besides (tiny.en int8: 200-token prompt 41.5 -> 32.2 ms, alignment pass 33.5 -> 29.2 ms; the same outputs)."""
         if any_length and not self.lengths.any():
@@ -346,7 +346,7 @@ class Decoder:
         """The alignment pass: ``tokens`` [B, T] teacher-forced; returns the probability of ``targets[:, q]``
         at position ``first + q`` under the text vocabulary (softmax over ids < ``text_vocab``, as openai's
         word probabilities) [B, Q], and the alignment weights [B, A, T, F]. Here from the logits, on the host;
-        graphs that return the probabilities themselves skip that (``run_scored``)."""
+        graphs that return the probabilities themselves skip that (``SequenceGraph.run_scored``)."""
         logits, align = self.forward(state, tokens, cross)
         rows = [text_token_probabilities(logits[r, first:], targets[r], text_vocab) for r in range(len(targets))]
         return np.stack(rows), align
@@ -362,6 +362,7 @@ class OneHotDecoder(Decoder):
         super().__init__(layout, n_vocab)
         self.component = step_component
         self.sequence = sequence  # waits for a component loaded in the background
+        self._graph: SequenceGraph | None = None  # the sequence component's variants, once it has come
 
     def _mark_position(self, state: DecoderState) -> None:
         state.check_room(1)
@@ -379,88 +380,96 @@ class OneHotDecoder(Decoder):
         state.write(out["key_cache_updates"], out["value_cache_updates"])
         return out["logits"][:, 0, :], out["alignment_heads_weights"]
 
-    def _sequence_for(self, tokens: np.ndarray) -> Component | None:
-        """The multi-token component for ``tokens`` [B, T]: none for a few tokens (a prefix after sot costs
-        less as single steps than as one call) or where the bundle has none."""
-        return self.sequence() if tokens.shape[1] > SHORT_SEQUENCE else None
+    def _sequence_for(self, tokens: np.ndarray) -> SequenceGraph | None:
+        """The multi-token graph for ``tokens`` [B, T]: none for a few tokens (a prefix after sot costs less as
+        single steps than as one call) or where the bundle has none. Its variants are read once, when the
+        component (loaded in the background) first arrives."""
+        if tokens.shape[1] <= SHORT_SEQUENCE or (component := self.sequence()) is None:
+            return None
+        if self._graph is None or self._graph.component is not component:
+            self._graph = SequenceGraph.of(component)
+        return self._graph
 
     def forward(self, state, tokens, cross, need_logits=True):
-        sequence = self._sequence_for(tokens)
-        if sequence is None:
+        graph = self._sequence_for(tokens)
+        if graph is None:
             return super().forward(state, tokens, cross, need_logits)
-        feeds = self._sequence_feeds(sequence, state, tokens, cross)
-        return run_sequence(sequence, state, feeds, need_logits, selects_logits(sequence), scores_tokens(sequence))
+        return graph.run(state, graph.feeds(state, tokens, cross), need_logits)
 
     def score(self, state, tokens, cross, first, targets, text_vocab):
-        sequence = self._sequence_for(tokens)
-        if sequence is None or not scores_tokens(sequence):
+        graph = self._sequence_for(tokens)
+        if graph is None or not graph.scores:
             return super().score(state, tokens, cross, first, targets, text_vocab)
-        return run_scored(sequence, state, self._sequence_feeds(sequence, state, tokens, cross), first, targets)
+        return graph.run_scored(state, graph.feeds(state, tokens, cross), first, targets)
 
-    @staticmethod
-    def _sequence_feeds(sequence: Component, state, tokens, cross) -> dict[str, np.ndarray]:
+
+@dataclass(frozen=True)
+class SequenceGraph:
+    """A TextDecoderSequence and what its converter revision gives, read once from its inputs and outputs
+    (``of``), so no call inspects the graph:
+
+    - ``selects``: it takes ``logit_positions`` (revision 10 on); older graphs compute every position's logits;
+    - ``scores``: it returns token log-probabilities (revision 12 on);
+    - ``any_length``: it takes caches of any length (revision 16 on); older ones exactly S positions;
+    - ``weight_rows``: its alignment weights hold each layer's heads as a block of rows, [B, A * T, F]
+      (revision 17 on: a prompt's last layer has none, ``modules.tail_start``); older ones give [B, A, T, F].
+    """
+
+    component: Component
+    selects: bool
+    scores: bool
+    any_length: bool
+    weight_rows: bool
+
+    @classmethod
+    def of(cls, component: Component) -> SequenceGraph:
+        padding = component.inputs.get("decoder_key_padding_mask", ())
+        return cls(component, selects=LOGIT_POSITIONS in component.inputs,
+                   scores=LOGPROB_POSITIONS in component.inputs,
+                   any_length=len(padding) == 2 and not isinstance(padding[1], int),
+                   weight_rows=len(component.outputs.get("alignment_heads_weights", ())) == 3)  # fmt: skip
+
+    def feeds(self, state: DecoderState, tokens: np.ndarray, cross: CrossAttention) -> dict[str, np.ndarray]:
         return {"input_ids": tokens.astype(np.int32), "cache_length": state.lengths,
-                **state.call_feeds(takes_any_cache_length(sequence)), **cross.feeds}  # fmt: skip
+                **state.call_feeds(self.any_length), **cross.feeds}  # fmt: skip
 
+    def run(self, state: DecoderState, feeds: dict, need_logits: bool) -> tuple:
+        """One multi-token call: the tokens' K/V are appended inside the graph and written to ``state``; without
+        ``need_logits`` the vocabulary projection (the larger part of the call) is not computed where the graph
+        ``selects`` the positions it projects. A graph that ``scores`` tokens is asked for none."""
+        t = feeds["input_ids"].shape[1]
+        state.check_room(t)
+        if self.selects:
+            feeds[LOGIT_POSITIONS] = np.arange(t if need_logits else 0, dtype=np.int32)
+        if self.scores:
+            feeds[LOGPROB_POSITIONS] = NO_POSITIONS
+            feeds[LOGPROB_TOKENS] = np.zeros((feeds["input_ids"].shape[0], 0), dtype=np.int32)
+        outputs = ["logits", *SEQUENCE_UPDATES, "alignment_heads_weights"] if need_logits else SEQUENCE_UPDATES
+        out = self.component.run(feeds, outputs)
+        state.write(out["key_cache_updates"], out["value_cache_updates"])
+        if not need_logits:
+            return None, None
+        logits = out["logits"]
+        if self.scores:  # position-major rows [T * B, V], as the projection wrote them
+            logits = logits.reshape(t, -1, logits.shape[-1]).transpose(1, 0, 2)
+        return logits, self.alignment(out, t)
 
-def takes_any_cache_length(component: Component) -> bool:
-    """Whether a TextDecoderSequence takes caches of any length (bundles from converter revision 16 on); older
-    ones take exactly S positions."""
-    shape = component.inputs.get("decoder_key_padding_mask", ())
-    return len(shape) == 2 and not isinstance(shape[1], int)
+    def run_scored(self, state: DecoderState, feeds: dict, first: int, targets: np.ndarray) -> tuple:
+        """``Decoder.score`` in one call of a graph that ``scores`` tokens: the log-probabilities of the tokens
+        asked for, without logits."""
+        state.check_room(feeds["input_ids"].shape[1])
+        feeds[LOGIT_POSITIONS] = NO_POSITIONS
+        feeds[LOGPROB_POSITIONS] = np.arange(first, first + targets.shape[1], dtype=np.int32)
+        feeds[LOGPROB_TOKENS] = targets.astype(np.int32)
+        out = self.component.run(feeds, [TOKEN_LOGPROBS, *SEQUENCE_UPDATES, "alignment_heads_weights"])
+        state.write(out["key_cache_updates"], out["value_cache_updates"])
+        return np.exp(out[TOKEN_LOGPROBS].astype(np.float64)), self.alignment(out, feeds["input_ids"].shape[1])
 
-
-def selects_logits(component: Component) -> bool:
-    """Whether a TextDecoderSequence takes ``logit_positions`` (bundles from converter revision 10 on); older
-    ones compute the logits of every position."""
-    return LOGIT_POSITIONS in component.inputs
-
-
-def scores_tokens(component: Component) -> bool:
-    """Whether a TextDecoderSequence returns token log-probabilities (bundles from converter revision 12 on)."""
-    return LOGPROB_POSITIONS in component.inputs
-
-
-def run_sequence(component: Component, state: DecoderState, feeds: dict, need_logits: bool, selects: bool,
-                 scores: bool = False) -> tuple:  # fmt: skip
-    """One multi-token call: the tokens' K/V are appended inside the graph and written to ``state``; without
-    ``need_logits`` the vocabulary projection (the larger part of the call) is not computed where the graph
-    ``selects`` the positions it projects. A graph that ``scores`` tokens is asked for none."""
-    t = feeds["input_ids"].shape[1]
-    state.check_room(t)
-    if selects:
-        feeds[LOGIT_POSITIONS] = np.arange(t if need_logits else 0, dtype=np.int32)
-    if scores:
-        feeds[LOGPROB_POSITIONS] = NO_POSITIONS
-        feeds[LOGPROB_TOKENS] = np.zeros((feeds["input_ids"].shape[0], 0), dtype=np.int32)
-    out = component.run(feeds, ["logits", *SEQUENCE_UPDATES, "alignment_heads_weights"] if need_logits else SEQUENCE_UPDATES)
-    state.write(out["key_cache_updates"], out["value_cache_updates"])
-    if not need_logits:
-        return None, None
-    logits = out["logits"]
-    if scores:  # position-major rows [T * B, V], as the projection wrote them
-        logits = logits.reshape(t, -1, logits.shape[-1]).transpose(1, 0, 2)
-    return logits, alignment_weights(out, t)
-
-
-def run_scored(component: Component, state: DecoderState, feeds: dict, first: int, targets: np.ndarray) -> tuple:
-    """``Decoder.score`` in one call of a graph that returns the log-probabilities of the tokens asked for
-    (``scores_tokens``), without logits."""
-    state.check_room(feeds["input_ids"].shape[1])
-    feeds[LOGIT_POSITIONS] = NO_POSITIONS
-    feeds[LOGPROB_POSITIONS] = np.arange(first, first + targets.shape[1], dtype=np.int32)
-    feeds[LOGPROB_TOKENS] = targets.astype(np.int32)
-    out = component.run(feeds, [TOKEN_LOGPROBS, *SEQUENCE_UPDATES, "alignment_heads_weights"])
-    state.write(out["key_cache_updates"], out["value_cache_updates"])
-    return np.exp(out[TOKEN_LOGPROBS].astype(np.float64)), alignment_weights(out, feeds["input_ids"].shape[1])
-
-
-def alignment_weights(out: dict[str, np.ndarray], tokens: int) -> Alignment:
-    """A TextDecoderSequence call's alignment weights as [B, A, T, F]. Bundles from converter revision 17 on give
-    each layer's heads as a block of rows, [B, A * T, F] (a prompt's last layer has none: ``modules.tail_start``),
-    which is that array's memory order; older ones give [B, A, T, F]. A view, no copy."""
-    w = out["alignment_heads_weights"]
-    return w.reshape(w.shape[0], -1, tokens, w.shape[-1]) if w.ndim == 3 else w
+    def alignment(self, out: dict[str, np.ndarray], tokens: int) -> Alignment:
+        """A call's alignment weights as [B, A, T, F]: from ``weight_rows`` graphs a view of their blocks of
+        rows (that array's memory order), no copy."""
+        w = out["alignment_heads_weights"]
+        return w.reshape(w.shape[0], -1, tokens, w.shape[-1]) if self.weight_rows else w
 
 
 class AppendingDecoder(Decoder):
@@ -471,27 +480,23 @@ class AppendingDecoder(Decoder):
     def __init__(self, layout: CacheLayout, n_vocab: int, component: Component, table: TokenTable):
         super().__init__(layout, n_vocab)
         self.component = component
+        self.graph = SequenceGraph.of(component)
         self.table = table
-        self.selects, self.scores = selects_logits(component), scores_tokens(component)
-        self.any_length = takes_any_cache_length(component)
 
     def _feeds(self, state, tokens, cross) -> dict[str, np.ndarray]:
-        return {"input_ids": tokens.astype(np.int32), "token_embeddings": self.table.lookup(tokens),
-                "cache_length": state.lengths, **state.call_feeds(self.any_length), **cross.feeds}  # fmt: skip
+        return {**self.graph.feeds(state, tokens, cross), "token_embeddings": self.table.lookup(tokens)}
 
     def step(self, state, tokens, cross):
-        feeds = self._feeds(state, tokens[:, None], cross)
-        logits, align = run_sequence(self.component, state, feeds, True, self.selects, self.scores)
+        logits, align = self.graph.run(state, self._feeds(state, tokens[:, None], cross), True)
         return logits[:, 0, :], align[:, :, 0]
 
     def forward(self, state, tokens, cross, need_logits=True):
-        feeds = self._feeds(state, tokens, cross)
-        return run_sequence(self.component, state, feeds, need_logits, self.selects, self.scores)
+        return self.graph.run(state, self._feeds(state, tokens, cross), need_logits)
 
     def score(self, state, tokens, cross, first, targets, text_vocab):
-        if not self.scores:
+        if not self.graph.scores:
             return super().score(state, tokens, cross, first, targets, text_vocab)
-        return run_scored(self.component, state, self._feeds(state, tokens, cross), first, targets)
+        return self.graph.run_scored(state, self._feeds(state, tokens, cross), first, targets)
 
 
 class StatefulDecoder(OneHotDecoder):
