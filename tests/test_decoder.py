@@ -207,7 +207,7 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
     """A prompt and the alignment pass run on an empty state (converter revision 16 on): the graph gets caches of
     no positions rather than S masked ones, and gives what it gives with all S (the same K/V written, the same
     logits, word probabilities and alignment weights, to float32 rounding: bitwise where measured)."""
-    from whisperane.decoder import DecoderState
+    from whisperane.decoder import DecoderState, StatePool
 
     assert _scoring_graph(model).any_length
     tok = model.tokenizer()
@@ -224,6 +224,8 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
             return out
 
         monkeypatch.setattr(DecoderState, "call_feeds", recorded)
+        if not any_length_allowed:  # all S positions, as a state of fixed length holds them
+            monkeypatch.setattr(model.decoder, "pool", StatePool(lambda batch: DecoderState(model.decoder.layout, batch)))
         with model.decoding_state(1) as state:
             logits, _ = model.decoder.forward(state, prompt, window.cross)
             cache = [c[..., : prompt.shape[1]].copy() for c in (*state.keys, *state.values)]
@@ -261,3 +263,91 @@ def test_a_prompt_skips_the_last_layers_tail_and_writes_the_same_cache(model, wi
     in_last = sum(layer == last for layer, _ in heads)
     assert in_last > 0  # tiny.en's last layer has alignment heads: the test sees the skip in their rows
     assert rows == [(len(heads) - in_last) * prompt.shape[1], len(heads) * prompt.shape[1]]
+
+
+def _same_rows(growing, fixed) -> None:
+    """Every row's filled positions, mask and position equal in a GrowingState and a fixed-length state."""
+    from whisperane.bundle import MASK_VALUE
+
+    np.testing.assert_array_equal(growing.lengths, fixed.lengths)
+    for r, n in enumerate(fixed.lengths.tolist()):
+        for mine, theirs in zip((*growing.keys, *growing.values), (*fixed.keys, *fixed.values), strict=True):
+            np.testing.assert_array_equal(mine[r, ..., :n], theirs[r, ..., :n])
+        assert (growing.padding[r, :n] == 0).all() and (growing.padding[r, n:] == MASK_VALUE).all()
+        assert (fixed.padding[r, :n] == 0).all()
+
+
+def test_a_growing_state_holds_what_a_fixed_one_holds():
+    """GrowingState (caches of the filled positions only, for graphs that take any length) through the state
+    operations the decoding loops use: writes that cross its capacity blocks, rows at their own positions, views
+    of the first rows written to, rows set from other states, a prefix copied to every row, beams selected,
+    reset. After each, every row's positions equal those of a fixed-length DecoderState given the same calls."""
+    from whisperane.decoder import CAPACITY_BLOCK, CacheLayout, DecoderState, GrowingState
+
+    layout = CacheLayout(n_layer=2, dim=8, length=3 * CAPACITY_BLOCK + 5, per_layer=True)
+    rng = np.random.default_rng(0)
+    growing, fixed = GrowingState(layout, 3), DecoderState(layout, 3)
+
+    def write(states, rows: int, t: int) -> None:
+        kv = rng.standard_normal((2, rows, 2 * layout.dim, 1, t)).astype(np.float32)
+        for s in states:
+            s.write(kv[0], kv[1])
+
+    write((growing, fixed), 3, 5)
+    assert growing.keys[0].shape[-1] == CAPACITY_BLOCK  # the step reads 64 positions, not all S
+    write((growing, fixed), 3, CAPACITY_BLOCK)  # crosses the first block
+    assert growing.keys[0].shape[-1] == 2 * CAPACITY_BLOCK
+    _same_rows(growing, fixed)
+    kv = rng.standard_normal((2, 1, 2 * layout.dim, 1, 2 * CAPACITY_BLOCK + 7)).astype(np.float32)
+    alone = GrowingState(layout, 1), DecoderState(layout, 1)
+    for a in alone:
+        a.write(kv[0], kv[1])
+    growing.set_row(1, alone[1])  # rows from a state of the other kind: masks of different widths
+    fixed.set_row(1, alone[0])
+    _same_rows(growing, fixed)  # row 1 ahead of the others, past the second block
+    views = growing.first_rows(2), fixed.first_rows(2)
+    write(views, 2, 3)  # the views' rows move on; row 2 stays
+    _same_rows(growing, fixed)
+    for s in (growing, fixed):
+        s.select(np.array([1, 1, 0]))
+    _same_rows(growing, fixed)
+    write((growing, fixed), 3, 1)
+    _same_rows(growing, fixed)
+    prefix = GrowingState(layout, 1)
+    prefix.write(*rng.standard_normal((2, 1, 2 * layout.dim, 1, 9)).astype(np.float32))
+    for s in (growing, fixed):
+        s.reset()
+        s.copy_prefix_from(prefix)
+    assert growing.keys[0].shape[-1] == CAPACITY_BLOCK  # reset: back to the first block
+    _same_rows(growing, fixed)
+    write((growing, fixed), 3, layout.length - 9)  # to the last position: the capacity is S, not more
+    assert growing.keys[0].shape[-1] == layout.length
+    _same_rows(growing, fixed)
+
+
+def test_steps_on_a_growing_state_give_what_all_positions_give(model, window, monkeypatch):
+    """The int8 decoder's states hold only the filled positions (GrowingState): a 100-token prompt and steps past
+    it, across two capacity blocks, give the logits, alignment weights and caches that the same calls give on a
+    state of all S positions (bitwise where measured)."""
+    from whisperane.decoder import CAPACITY_BLOCK, AppendingDecoder, DecoderState, GrowingState, StatePool
+
+    with model.decoding_state(1) as state:
+        # the contract's TextDecoder (float32 here, Core ML) takes all S positions: its states never grow
+        assert isinstance(state, GrowingState) == isinstance(model.decoder, AppendingDecoder)
+    if not isinstance(state, GrowingState):
+        return
+    tok = model.tokenizer()
+    text = tok.encode(" And so my fellow Americans, ask not what your country can do for you, ask what you can do") * 8
+    prompt = np.asarray([[tok.sot_prev, *text[: 2 * CAPACITY_BLOCK - 10]]])
+    nxt = np.asarray(text[:30])
+    results = []
+    for pool in (model.decoder.pool, StatePool(lambda batch: DecoderState(model.decoder.layout, batch))):
+        monkeypatch.setattr(model.decoder, "pool", pool)
+        with model.decoding_state(1) as state:
+            model.decoder.forward(state, prompt, window.cross, need_logits=False)
+            steps = [model.decoder.step(state, nxt[i : i + 1], window.cross) for i in range(len(nxt))]
+            n = int(state.lengths[0])
+            results.append([*(x for s in steps for x in s), *(c[..., :n].copy() for c in (*state.keys, *state.values))])
+    assert n > 2 * CAPACITY_BLOCK
+    for x, y in zip(*results, strict=True):
+        np.testing.assert_array_equal(x, y)
