@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from whisperane.decoder import CAPACITY_BLOCK
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import (  # noqa: E402
@@ -324,21 +326,28 @@ class Shapes:
         """The decoder layers whose attention a call computes (the last one's is skipped as its tail is)."""
         return self.decoder_layers - (not logits and self.tail_skipped)
 
-    @property
-    def self_cache_bytes(self) -> int:
-        """One row's self-attention K and V caches, whole: the graph concatenates the new positions onto all S
-        and attends over them under the padding mask."""
-        return 2 * self.decoder_layers * self.d * self.cache * FLOAT
+    def cache_positions(self, position: float) -> int:
+        """The self-attention positions a call reads at a row's ``position``: none on an empty state (a graph
+        that takes any length), else the int8 decoder state's capacity, the positions reached rounded up to
+        a block (``decoder.GrowingState``): the graph concatenates the new positions onto them and attends over
+        them under the padding mask."""
+        if position <= 0:
+            return 0
+        return min(self.cache, -(-math.ceil(position) // CAPACITY_BLOCK) * CAPACITY_BLOCK)
+
+    def self_cache_bytes(self, positions: int) -> int:
+        """One row's self-attention K and V caches over ``positions`` positions."""
+        return 2 * self.decoder_layers * self.d * positions * FLOAT
 
     @property
     def cross_bytes(self) -> int:
         """The cross-attention K and V, float32 [1, d, 1, F] per layer each."""
         return 2 * self.decoder_layers * self.d * self.frames * FLOAT
 
-    def decoder_attention_flops(self, tokens: int, layers: int | None = None) -> float:
-        """QK^T and AV of one token over the self cache (S + T positions) and the F encoder frames, all layers
+    def decoder_attention_flops(self, positions: int, tokens: int, layers: int | None = None) -> float:
+        """QK^T and AV of one token over the self cache (``positions`` + T) and the F encoder frames, all layers
         (or ``layers``)."""
-        return 4.0 * self.d * (self.cache + tokens + self.frames) * (layers or self.decoder_layers)
+        return 4.0 * self.d * (positions + tokens + self.frames) * (layers or self.decoder_layers)
 
 
 def encoder_ops(s: Shapes) -> list[tuple[str, Probe, int]]:
@@ -411,26 +420,27 @@ class Limit:
         return "memory" if self.memory >= self.compute else "compute"
 
 
-def decoder_limit(s: Shapes, rates: Rates, bandwidth: float, rows: int, tokens: int, logits: bool) -> Limit:
-    """One int8 decoder call of rows x tokens. Compute: its MatMulNBits at the rate of the probe of nearest M
-    among the compute-bound ones (M >= COMPUTE_M), attention at the encoder QK^T's float32 rate. Memory: the
-    weights (without the vocabulary projection when no logits are asked for: the graph skips it, given no logit_positions),
-    every row's whole self cache, the cross K/V once, at the DRAM bandwidth."""
-    m = rows * tokens
-    attention = m * s.decoder_attention_flops(tokens, s.attention_layers(logits)) / rates.attention
+def decoder_limit(s: Shapes, rates: Rates, bandwidth: float, rows: int, tokens: int, logits: bool, position: float) -> Limit:
+    """One int8 decoder call of rows x tokens at cache ``position``. Compute: its MatMulNBits at the rate of the
+    probe of nearest M among the compute-bound ones (M >= COMPUTE_M), attention at the encoder QK^T's float32
+    rate. Memory: the weights (without the vocabulary projection when no logits are asked for: the graph skips
+    it, given no logit_positions), every row's self cache as far as the state holds it, the cross K/V once, at
+    the DRAM bandwidth."""
+    m, positions = rows * tokens, s.cache_positions(position)
+    attention = m * s.decoder_attention_flops(positions, tokens, s.attention_layers(logits)) / rates.attention
 
     def gemms(min_m: int) -> float:
         return sum(count * rates.seconds("nbits", m, k, n, min_m) for (_, k, n), count in s.decoder_gemms(logits).items())
 
     weights = s.decoder.weight_bytes - (0 if logits else s.decoder.vocab_bytes)
-    memory = (weights + rows * s.self_cache_bytes + s.cross_bytes) / (bandwidth * 1e9)
+    memory = (weights + rows * s.self_cache_bytes(positions) + s.cross_bytes) / (bandwidth * 1e9)
     return Limit(gemms(COMPUTE_M) + attention, memory, gemms(1) + attention)
 
 
-def decoder_flops(s: Shapes, tokens: int, logits: bool) -> tuple[float, float, float]:
-    """(linear, attention, vocabulary projection) FLOPs of a one-row call of ``tokens`` tokens."""
+def decoder_flops(s: Shapes, tokens: int, logits: bool, position: float) -> tuple[float, float, float]:
+    """(linear, attention, vocabulary projection) FLOPs of a one-row call of ``tokens`` tokens at ``position``."""
     linear = sum(count * 2.0 * tokens * k * n for (_, k, n), count in s.decoder_gemms(logits).items() if n != s.vocab)
-    attention = tokens * s.decoder_attention_flops(tokens, s.attention_layers(logits))
+    attention = tokens * s.decoder_attention_flops(s.cache_positions(position), tokens, s.attention_layers(logits))
     return linear, attention, (2.0 * tokens * s.d * s.vocab if logits else 0.0)
 
 
@@ -614,32 +624,35 @@ def print_decoder_work(s: Shapes, rates: Rates, bandwidths: tuple[float, float],
     bandwidth, cached = bandwidths
     steps = [c for c in calls if c.kind == "step"]
     position = sum(c.position for c in steps) / max(len(steps), 1)
-    total = s.decoder.weight_bytes + s.self_cache_bytes + s.cross_bytes
+    held = statistics.mean(s.cache_positions(c.position) for c in steps) if steps else s.cache
+    total = s.decoder.weight_bytes + s.self_cache_bytes(held) + s.cross_bytes
     emit("\n### Bytes one decoder step reads (int8 TextDecoderSequence, one row)\n")
     items = [
         ("weights: all initializers of TextDecoderSequence.int8.onnx", s.decoder.weight_bytes),
         ("... of which the vocabulary projection (tied embedding: 8-bit + block scales)", s.decoder.vocab_bytes),
-        (f"self-attention K/V caches, whole (S = {s.cache}: the step attends over every position, masked or not)", s.self_cache_bytes),
+        (f"self-attention K/V caches as the state holds them (the run's mean: {held:.0f} of S = {s.cache} positions, "
+         f"those reached rounded up to blocks of {CAPACITY_BLOCK}; the step attends over all it holds)", s.self_cache_bytes(held)),
         (f"... the part filled at the run's mean step position ({position:.0f})", 2 * s.decoder_layers * s.d * position * FLOAT),
         (f"cross-attention K/V (float32 [1, {s.d}, 1, {s.frames}], K and V, {s.decoder_layers} layers)", s.cross_bytes),
     ]  # fmt: skip
     rows = [[label, f"{size / MB:.1f}"] for label, size in items]
-    rows.append(["**total read** (weights, whole caches, cross K/V)", f"**{total / MB:.1f}**"])
+    rows.append(["**total read** (weights, caches as held, cross K/V)", f"**{total / MB:.1f}**"])
     rows.append([f"at {bandwidth:.1f} GB/s (DRAM, the memory limit of a step), ms", ms(total / (bandwidth * 1e9))])
     rows.append([f"at {cached:.1f} GB/s (were it all in the last-level cache), ms", ms(total / (cached * 1e9))])
     emit(table(["decoder step reads", "MB"], rows))
     emit("\n### FLOPs of the decoder calls (one row)\n")
-    cases = [("previous-text prompt, longest (cache only, no logits)", PROMPT_TOKENS, False)]
+    cases = [("previous-text prompt, longest (cache only, no logits)", PROMPT_TOKENS, False, 0)]
     for kind, label in (("prompt", "previous-text prompt, mean of the run"), ("prefix", "prefix from sot, mean of the run"),
                         ("alignment", "word-alignment pass, mean of the run")):  # fmt: skip
         of_kind = [c for c in calls if c.kind == kind]
         if of_kind:
-            cases.append((label, round(sum(c.tokens for c in of_kind) / len(of_kind)), of_kind[0].logits))
-    cases.append(("one-token step", 1, True))
+            cases.append((label, round(statistics.mean(c.tokens for c in of_kind)), of_kind[0].logits,
+                          statistics.mean(c.position for c in of_kind)))  # fmt: skip
+    cases.append(("one-token step", 1, True, position))
     rows = []
-    for label, tokens, logits in cases:
-        linear, attention, vocab = decoder_flops(s, tokens, logits)
-        limit = decoder_limit(s, rates, bandwidth, 1, tokens, logits)
+    for label, tokens, logits, at in cases:
+        linear, attention, vocab = decoder_flops(s, tokens, logits, at)
+        limit = decoder_limit(s, rates, bandwidth, 1, tokens, logits, at)
         rows.append([label, tokens, f"{linear / 1e9:.3f}", f"{attention / 1e9:.3f}", f"{vocab / 1e9:.3f}",
                      f"{(linear + attention + vocab) / 1e9:.3f}", ms(limit.compute), ms(limit.memory),
                      f"{ms(limit.seconds)} ({limit.bound})", ms(limit.kernels)])  # fmt: skip
@@ -690,7 +703,7 @@ def split_parts(s: Shapes, split: Split, encoder_limit: float, rates: Rates, ban
             tokens = f"{statistics.mean(c.tokens for c in calls):.0f}"
             if kind == "step":
                 tokens += f" (position {statistics.mean(c.position for c in calls):.0f})"
-            limits = [decoder_limit(s, rates, bandwidth, c.rows, c.tokens, c.logits) for c in calls]
+            limits = [decoder_limit(s, rates, bandwidth, c.rows, c.tokens, c.logits, c.position) for c in calls]
             parts.append(Part(label, [c.seconds for c in calls], [c.cpu for c in calls], tokens, limits))
     parts.append(Part("word timing on the host (find_alignment: DTW)", t["word_timing"], cpu["word_timing"]))
     rest = split.wall - sum(sum(part.durations) for part in parts)
