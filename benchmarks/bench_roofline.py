@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from whisperane.decoder import CAPACITY_BLOCK
+from whisperane.decoder import CAPACITY_BLOCK, capacity_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -331,9 +331,7 @@ class Shapes:
         that takes any length), else the int8 decoder state's capacity, the positions reached rounded up to
         a block (``decoder.GrowingState``): the graph concatenates the new positions onto them and attends over
         them under the padding mask."""
-        if position <= 0:
-            return 0
-        return min(self.cache, -(-math.ceil(position) // CAPACITY_BLOCK) * CAPACITY_BLOCK)
+        return capacity_for(math.ceil(position), self.cache) if position > 0 else 0
 
     def self_cache_bytes(self, positions: int) -> int:
         """One row's self-attention K and V caches over ``positions`` positions."""

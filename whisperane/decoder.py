@@ -136,6 +136,9 @@ class DecoderState:
         self.padding.fill(MASK_VALUE)
         self.lengths.fill(0)
 
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` positions in every row: a fixed-length state has all S (``GrowingState`` grows)."""
+
     def check_room(self, t: int) -> None:
         if (length := self.length) + t > self.layout.length:
             raise ModelError(f"{t} tokens do not fit the decoder cache at position {length} "
@@ -159,6 +162,7 @@ class DecoderState:
         t = key.shape[3]
         self.check_room(t)
         starts = self.lengths.tolist()
+        self._reserve(max(starts) + t)
         self._open(starts, t)
         d = self.layout.dim if self.layout.per_layer else key.shape[1]
         uniform = len(set(starts)) == 1
@@ -175,6 +179,7 @@ class DecoderState:
     def copy_prefix_from(self, other: DecoderState) -> None:
         """Start every row from ``other``'s single row (a prefix decoded once, then sampled B ways)."""
         n = int(other.lengths[0])
+        self._reserve(n)
         for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
             for cache, source in zip(mine, theirs, strict=True):
                 cache[:, :, :, :n] = source[:1, :, :, :n]
@@ -186,6 +191,7 @@ class DecoderState:
         """Row ``row`` takes ``other``'s row (its cache, mask and position): rows prepared apart (each window's
         own prompt) decoded together."""
         n = int(other.lengths[other_row])
+        self._reserve(n)
         for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
             for cache, source in zip(mine, theirs, strict=True):
                 cache[row, :, :, :n] = source[other_row, :, :, :n]
@@ -227,6 +233,11 @@ class DecoderState:
 CAPACITY_BLOCK = 64  # a GrowingState's caches hold its rows' positions rounded up to a multiple of this
 
 
+def capacity_for(positions: int, length: int) -> int:
+    """The positions a ``GrowingState`` holds for rows that have reached ``positions`` (at least 1), of ``length``."""
+    return min(-(-positions // CAPACITY_BLOCK) * CAPACITY_BLOCK, length)
+
+
 class _FlatCaches:
     """The buffers behind a ``GrowingState`` and its row views: each cache and the padding mask is one flat
     array of room for all S positions of ``batch`` rows, of which the first ``batch * channels * capacity``
@@ -235,14 +246,13 @@ class _FlatCaches:
     def __init__(self, layout: CacheLayout, batch: int):
         self.batch = batch
         self.channels = layout.dim * (1 if layout.per_layer else layout.n_layer)
-        self.length = layout.length
         size = batch * self.channels * layout.length
         # zeros, not empty: positions past a row's length enter the attention (masked), and must be finite
         self.keys = [np.zeros(size, dtype=np.float32) for _ in range(layout.parts())]
         self.values = [np.zeros(size, dtype=np.float32) for _ in range(layout.parts())]
         self.padding = np.full(batch * layout.length, MASK_VALUE, dtype=np.float32)
         self.spare: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # for GrowingState.select
-        self.capacity = min(CAPACITY_BLOCK, layout.length)
+        self.capacity = capacity_for(1, layout.length)
         self.version = 0
 
     def cache(self, flat: np.ndarray, rows: int) -> np.ndarray:
@@ -252,10 +262,9 @@ class _FlatCaches:
     def mask(self, rows: int) -> np.ndarray:
         return self.padding[: rows * self.capacity].reshape(rows, self.capacity)
 
-    def relayout(self, capacity: int) -> None:
-        """Every row at ``capacity`` positions; the positions both layouts hold are kept, new ones are empty
-        (zero K/V, masked). In place: numpy buffers an assignment whose source and target overlap."""
-        kept = min(capacity, self.capacity)
+    def relayout(self, capacity: int, kept: int) -> None:
+        """Every row at ``capacity`` positions: its first ``kept`` (at most what both layouts hold) as they were,
+        the rest empty (zero K/V, masked). In place: numpy buffers an assignment whose source and target overlap."""
         for flat, rows, empty in [*((f, self.batch * self.channels, 0.0) for f in (*self.keys, *self.values)),
                                   (self.padding, self.batch, MASK_VALUE)]:  # fmt: skip
             old = flat[: rows * self.capacity].reshape(rows, self.capacity)
@@ -312,28 +321,12 @@ class GrowingState(DecoderState):
         return self._cache_feeds
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` positions in every row."""
         if n > self._flat.capacity:
-            self._flat.relayout(min(-(-n // CAPACITY_BLOCK) * CAPACITY_BLOCK, self.layout.length))
+            self._flat.relayout(capacity_for(n, self.layout.length), kept=self._flat.capacity)
 
     def reset(self) -> None:
-        self._flat.relayout(min(CAPACITY_BLOCK, self.layout.length))
-        self._flat.padding.fill(MASK_VALUE)
+        self._flat.relayout(capacity_for(1, self.layout.length), kept=0)  # every row empty, all masked
         self.lengths.fill(0)
-
-    def write(self, key: np.ndarray, value: np.ndarray) -> None:
-        t = key.shape[3]
-        self.check_room(t)
-        self._reserve(self.length + t)
-        super().write(key, value)
-
-    def copy_prefix_from(self, other: DecoderState) -> None:
-        self._reserve(int(other.lengths[0]))
-        super().copy_prefix_from(other)
-
-    def set_row(self, row: int, other: DecoderState, other_row: int = 0) -> None:
-        self._reserve(int(other.lengths[other_row]))
-        super().set_row(row, other, other_row)
 
     def first_rows(self, n: int) -> DecoderState:
         view = GrowingState.__new__(GrowingState)
