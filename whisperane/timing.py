@@ -74,15 +74,15 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     # each window's median is its own extra value clamped to [lo, hi]. The core's middle pair comes from a sorting
     # network (min/max over whole arrays, so the result is exactly one of the inputs) run once for two outputs:
     # half the array operations of a network per window (width 7: 7.8 -> 5.7 ms on [8, 81, 1500]). Rows go through
-    # in blocks whose lanes stay in the core's cache.
+    # in blocks whose lanes stay in the core's cache; the network works in place on copies of the core's lanes
+    # and one spare array (no allocation per operation: 5.0 -> 4.4 ms).
+    spare = np.empty((_MEDIAN_ROWS, pairs), dtype=rows.dtype)
     for first in range(0, rows.shape[0], _MEDIAN_ROWS):
         block = padded[first : first + _MEDIAN_ROWS]
         even, odd = block[:, 0::2].copy(), block[:, 1::2].copy()  # padded column 2q + k is lane k of pair q
         lanes = [(odd if k % 2 else even)[:, k // 2 : k // 2 + pairs] for k in range(filter_width + 1)]
-        core = lanes[1:filter_width]
-        for i, low, high in network:
-            a, b = core[i], core[i + 1]
-            core[i], core[i + 1] = np.minimum(a, b) if low else a, np.maximum(a, b) if high else b
+        core = [lane.copy() for lane in lanes[1:filter_width]]
+        core, spare = _middle_pair(network, core, spare[: len(block)])
         lo, hi = core[pad - 1], core[pad]
         block_out = out[first : first + _MEDIAN_ROWS]
         np.maximum(lo, np.minimum(hi, lanes[0]), out=block_out[:, 0::2])
@@ -91,6 +91,23 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
 
 
 _MEDIAN_ROWS = 16  # 16 x 750 float32 a lane: as fast as 32 and faster than 8 or 64 rows on [8, 81, 1500]
+
+
+def _middle_pair(network: list[tuple[int, bool, bool]], core: list[np.ndarray], spare: np.ndarray
+                 ) -> tuple[list[np.ndarray], np.ndarray]:  # fmt: skip
+    """``network``'s compare-exchanges on the lanes ``core`` in place (each lane its own array); returns the lanes
+    and the array left spare (a full exchange writes its min into the spare, which then takes the lane's place)."""
+    for i, low, high in network:
+        a, b = core[i], core[i + 1]
+        if low and high:
+            np.minimum(a, b, out=spare)
+            np.maximum(a, b, out=b)
+            core[i], spare = spare, a
+        elif low:
+            np.minimum(a, b, out=a)
+        else:
+            np.maximum(a, b, out=b)
+    return core, spare
 
 
 @functools.lru_cache(maxsize=8)
@@ -157,11 +174,13 @@ def _cumulative_cost_moves(x: np.ndarray) -> np.ndarray:
     local = _by_antidiagonal(x)
     total = np.full((n + m, n + 1), np.inf)  # total[k + 1, i + 1]: cell (i, k - i); row 0 and column 0 are off
     total[1, 1] = x[0, 0]
+    # Each row's two views made once, not per use (the loop is ufunc calls on N values: 4.6 -> 3.9 ms in all).
+    left, right, cells = list(total[:, :n]), list(total[:, 1:]), list(local)
     for k in range(1, n + m - 1):
-        best = total[k + 1, 1:]
-        np.minimum(total[k - 1, :n], total[k, 1:], out=best)
-        np.minimum(best, total[k, :n], out=best)
-        best += local[k]
+        best = right[k + 1]
+        np.minimum(left[k - 1], right[k], out=best)
+        np.minimum(best, left[k], out=best)
+        np.add(best, cells[k], out=best)
     here = local[1:]
     diag, horiz, vert = total[: n + m - 2, :n] + here, total[1:-1, 1:] + here, total[1:-1, :n] + here
     horizontal = np.zeros(local.shape, dtype=bool)
@@ -217,14 +236,27 @@ def alignment_matrix(
     if w.ndim == 3:
         # Per-head standardisation over every row passed (openai and CTranslate2 use the whole
         # teacher-forced sequence, prompt rows included), then filter, then average the heads.
-        mean = w.mean(axis=-2, keepdims=True)
-        std = w.std(axis=-2, keepdims=True)
-        w = (w - mean) / np.where(std > 0, std, 1.0)
+        w = _standardised_rows(w)
     # The filter runs along frames, row by row: only the rows returned are filtered.
     w = median_filter(w[..., first_row : first_row + num_text_rows, :], medfilt_width)
     # 3-D: averaged over the heads after the filter; 2-D: already averaged (WhisperKit's decoder returns only the
     # mean), not standardised.
     return w.mean(axis=0) if w.ndim == 3 else w
+
+
+def _standardised_rows(w: np.ndarray) -> np.ndarray:
+    """(w - mean) / std over axis -2 (std 0: / 1), bitwise ``(w - w.mean(-2)) / w.std(-2)`` as numpy computes
+    them (its ``_mean`` and ``_var``: the sum, then a division in place by the count), with the mean and the
+    deviations computed once instead of twice (0.75 of 2.5 ms on [8, 81, 1500])."""
+    count = np.intp(w.shape[-2])
+    mean = np.add.reduce(w, axis=-2, keepdims=True)
+    np.true_divide(mean, count, out=mean, casting="unsafe")
+    deviations = w - mean
+    variance = np.add.reduce(np.square(deviations), axis=-2, keepdims=True)
+    np.true_divide(variance, count, out=variance, casting="unsafe")
+    std = np.sqrt(variance, out=variance)
+    deviations /= np.where(std > 0, std, 1.0)
+    return deviations
 
 
 def find_alignment(
