@@ -316,6 +316,20 @@ def test_alignment_matrix_matches_openai_steps_on_raw_logits(qk_scale):
     np.testing.assert_allclose(got, want, atol=2e-4)
 
 
+def test_standardisation_is_numpys_bitwise():
+    """The per-head standardisation computes numpy's mean and std once each (``w.std`` computes the mean and the
+    deviations again); its result must be numpy's ``(w - mean) / std`` to the bit, since DTW's ties see every bit,
+    with a zero std dividing by 1."""
+    rng = np.random.default_rng(7)
+    w = rng.random((4, 83, 750)).astype(np.float32) ** 6
+    w[2, :, 10] = 0.25  # a frame every row of a head attends to alike: std 0
+    std = w.std(axis=-2, keepdims=True)
+    want = (w - w.mean(axis=-2, keepdims=True)) / np.where(std > 0, std, 1.0)
+    got = whisperane.timing._standardised_rows(w)
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+
+
 def test_alignment_matrix_mean_only_is_not_standardized():
     rng = np.random.default_rng(5)
     p = rng.random((6, 1500)).astype(np.float32)
