@@ -91,6 +91,11 @@ class CacheLayout:
     def parts(self) -> int:
         return self.n_layer if self.per_layer else 1
 
+    @property
+    def channels(self) -> int:
+        """The channels of one cache array: one layer's d, or every layer's."""
+        return self.dim * (1 if self.per_layer else self.n_layer)
+
 
 class DecoderState:
     """The self-attention caches of B rows and their masks; each row at its own position (``lengths``).
@@ -100,8 +105,7 @@ class DecoderState:
     """
 
     def __init__(self, layout: CacheLayout, batch: int):
-        channels = layout.dim * (1 if layout.per_layer else layout.n_layer)
-        shape = (batch, channels, 1, layout.length)
+        shape = (batch, layout.channels, 1, layout.length)
         self.layout = layout
         self.batch = batch
         self.keys = [np.zeros(shape, dtype=np.float32) for _ in range(layout.parts())]
@@ -245,7 +249,7 @@ class _FlatCaches:
 
     def __init__(self, layout: CacheLayout, batch: int):
         self.batch = batch
-        self.channels = layout.dim * (1 if layout.per_layer else layout.n_layer)
+        self.channels = layout.channels
         size = batch * self.channels * layout.length
         # zeros, not empty: positions past a row's length enter the attention (masked), and must be finite
         self.keys = [np.zeros(size, dtype=np.float32) for _ in range(layout.parts())]
@@ -293,12 +297,11 @@ class GrowingState(DecoderState):
     def _sync(self) -> None:
         if self._version != self._flat.version:
             f = self._flat
+            self._version = f.version  # first: ``_feeds`` reads the keys and values back through their properties
             self._keys = [f.cache(k, self.batch) for k in f.keys]
             self._values = [f.cache(v, self.batch) for v in f.values]
             self._padding = f.mask(self.batch)
-            self._cache_feeds = {**dict(zip(self.layout.names("key_cache"), self._keys, strict=True)),
-                                 **dict(zip(self.layout.names("value_cache"), self._values, strict=True))}  # fmt: skip
-            self._version = f.version
+            self._cache_feeds = self._feeds()
 
     @property
     def keys(self) -> list[np.ndarray]:
