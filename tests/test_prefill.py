@@ -20,7 +20,8 @@ import torch
 from conftest import CLIPS, CORPUS_DIR, Clip, TorchWhisper, teacher_forced_tokens
 from reference import psnr
 
-from whisperane.bundle import MASK_VALUE, BundleInfo
+from whisperane.contract import MASK_VALUE
+from whisperane.runtime.bundle import BundleInfo
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)  # see test_convert.py: two OpenMP threads crawl on a busy two-core machine

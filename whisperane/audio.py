@@ -50,10 +50,13 @@ _SOUNDFILE_EXTENSIONS = {fmt.lower() for fmt in sf.available_formats()} | {
 }
 
 AudioSource = str | os.PathLike | np.ndarray
+# what `whisperane transcribe DIR` and `whisperane batch DIR` take for audio
+AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".mp4", ".aac", ".webm", ".wma", ".aiff", ".aif", ".mkv", ".mov"}
 
 
 # --------------------------------------------------------------------------------------------------
 # arrays
+
 
 
 def _to_mono_float32(audio: np.ndarray, name: str) -> np.ndarray:
@@ -155,7 +158,7 @@ def _ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
     cmd = [
         ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
         "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-",
-    ]  # fmt: skip
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, check=False)
     except OSError as e:
@@ -272,7 +275,7 @@ class AudioStream:
         )
         self._frames_read = 0
         self._exhausted = False
-        self._in_memory = False
+        self.in_memory = False
         self._buf = np.zeros(0, dtype=np.float32)
         self._buf_start = 0  # index (at sample_rate) of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
@@ -292,7 +295,7 @@ class AudioStream:
         self._buf_start = 0
         self._keep_from = 0
         self._exhausted = True
-        self._in_memory = True
+        self.in_memory = True
         self._header_frames = len(self._buf)
         self._frames_read = len(self._buf)
         return self
@@ -329,7 +332,7 @@ class AudioStream:
                 f"back to {self._keep_from}); use load_audio() for random access"
             )
         end = start_sample + n_samples
-        if not self._in_memory:
+        if not self.in_memory:
             keep_from = max(self._keep_from, min(start_sample, end - self._history))
             self._decode_until(end, keep_from)
             self._keep_from = keep_from
@@ -341,7 +344,7 @@ class AudioStream:
         """Every sample from the start (only before the stream has released any)."""
         if self._keep_from > 0:
             raise ValueError(f"{self.name}: the stream has already released its beginning")
-        if not self._in_memory:
+        if not self.in_memory:
             self._decode_until(None, 0)
         return self._buf.copy()
 

@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from .audio import TIME_PRECISION
-from .decoder import DecoderState, logsumexp
 from .errors import WhisperaneError
-from .model import EncodedWindow, WhisperaneModel
 from .options import DecodingOptions
+from .runtime.decoder import logsumexp
+from .runtime.model import EncodedWindow, WhisperaneModel
+from .runtime.state import DecoderState
 from .tokenizer import Tokenizer
 
 
@@ -205,7 +206,7 @@ def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tok
 
 
 def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions | None = None,
-           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:  # fmt: skip
+           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:
     """Decode one window whose encoder output is ``enc``."""
     options = options or DecodingOptions()
     language = options.language
@@ -227,7 +228,7 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
 
 
 def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions, tokenizer: Tokenizer,
-                   prompts: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:  # fmt: skip
+                   prompts: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
     """Decode B windows at once (``enc`` holds B encoder outputs), greedily: one decoder call per step for all
     rows, each row at its own cache position with its own window's cross K/V, timestamp rules and stopping
     (a finished row keeps being fed <|endoftext|>, its results ignored). ``prompts``: each row's own
@@ -248,7 +249,7 @@ def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: Decoding
         logits, align = model.decoder.forward(state, np.repeat(np.asarray([plan.initial]), batch, axis=0), enc.cross)
         no_speech = np.exp(log_softmax(logits[:, plan.sot_index].astype(np.float64))[:, tokenizer.no_speech])
         hypotheses = _sample_loop(model, state, enc.cross, logits[:, -1], align[:, :, -1], plan, tokenizer, options,
-                                  limits)  # fmt: skip
+                                  limits)
     return [_best_result([h], tokenizer, options, None, float(p)) for h, p in zip(hypotheses, no_speech, strict=True)]
 
 
@@ -264,7 +265,7 @@ def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[li
 
 
 def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
-                 language_probs, no_speech_prob: float) -> DecodingResult:  # fmt: skip
+                 language_probs, no_speech_prob: float) -> DecodingResult:
     """The hypothesis with the best length-normalised log-probability (openai's MaximumLikelihoodRanker)."""
     scores = []
     for h in hypotheses:
@@ -279,11 +280,11 @@ def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: De
         avg_logprob=float(best.sum_logprob / (len(best.tokens) + 1)), sum_logprob=float(best.sum_logprob),
         no_speech_prob=no_speech_prob, temperature=options.temperature, compression_ratio=compression_ratio(text),
         alignment=alignment, token_logprobs=[float(x) for x in best.token_logprobs],
-    )  # fmt: skip
+    )
 
 
 def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, plan: WindowPlan,
-             tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+             tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:
     """Fill the cache with the forced prefix (once, then copied to every row); return (logits that pick the
     first token [V], their alignment row [A, F], no-speech probability). A one-row state (greedy) takes the
     prefix itself: a second state only for the prefix was one more cache resident for the whole run (tiny.en
@@ -367,7 +368,7 @@ class ActiveRows:
 
 
 def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarray, plan: WindowPlan, tokenizer,
-                 options, limits: Sequence[int] | None = None) -> list[Hypothesis]:  # fmt: skip
+                 options, limits: Sequence[int] | None = None) -> list[Hypothesis]:
     """Greedy (temperature 0) or sampled continuations of B rows until every row ends: the samples of one
     window (``cross`` at batch 1) or one window per row (``cross`` at batch B). ``logits`` [B, V] and
     ``first_align`` [B, A, F] are the rows' predictions of their first token; ``limits``: each row's most

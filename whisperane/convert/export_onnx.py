@@ -109,7 +109,7 @@ def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
     masks = {n: t for n, t in ex.items() if n.endswith("_mask")}
     return {"input_ids": ex["input_ids"], "cache_length": ex["cache_length"], **split("key_cache"), **split("value_cache"),
             **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache"),
-            **{n: t for n, t in ex.items() if n in modules.SEQUENCE_SELECTORS}}  # fmt: skip
+            **{n: t for n, t in ex.items() if n in modules.SEQUENCE_SELECTORS}}
 
 
 def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
@@ -141,7 +141,7 @@ def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, pa
     dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
     dyn.update({"logits": {0: "positions_x_batch"}, "key_cache_updates": {0: "batch", 3: "tokens"},
                 "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 1: "head_rows"},
-                "token_logprobs": {0: "batch", 1: "scored"}})  # fmt: skip
+                "token_logprobs": {0: "batch", 1: "scored"}})
     return _export(module, tuple(ex.values()), path, list(ex), SEQUENCE_OUTPUTS, dyn)
 
 

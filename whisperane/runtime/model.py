@@ -16,17 +16,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .audio import HOP_LENGTH, N_SAMPLES, AudioStream
+from ..audio import HOP_LENGTH, N_SAMPLES, AudioStream
+from ..contract import (
+    AUDIO,
+    ENCODER_OUTPUT,
+    KEY_PREFILL,
+    MEL_FEATURES,
+    PREFILL_LANGUAGE,
+    PREFILL_TASK,
+    VALUE_PREFILL,
+)
+from ..tokenizer import Tokenizer
 from .bundle import BundleInfo
-from .decoder import CrossAttention, Decoder, DecoderState, cross_attention_reader
-from .tokenizer import Tokenizer
+from .decoder import CrossAttention, Decoder, cross_attention_reader
+from .state import DecoderState
 
-if TYPE_CHECKING:  # imported for annotations only: loading imports this module
-    from .loading import BundleKind, Sessions
-    from .transcribe import TranscriptionResult
-
-
-ENCODER_OUTPUT = "encoder_output_embeds"  # the AudioEncoder's output beside the cross K/V
+if TYPE_CHECKING:  # imported for annotations only
+    from ..result import TranscriptionResult
+    from .sessions import BundleKind, Sessions
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class WhisperaneModel:
         n = min(len(audio), N_SAMPLES)
         window = np.zeros(N_SAMPLES, dtype=np.float32)
         window[:n] = audio[:n]
-        mel = self._sessions.mel.run({"audio": window})["melspectrogram_features"]
+        mel = self._sessions.mel.run({AUDIO: window})[MEL_FEATURES]
         content_frames = n // HOP_LENGTH
         if file_peak is not None:
             mel = np.maximum(mel, np.float32(file_peak - 2.0))
@@ -130,7 +137,7 @@ class WhisperaneModel:
         if into is None or into.batch < len(mels):
             first = self.encode(mels[0]).cross
             into = CrossAttention({n: np.empty((len(mels), *a.shape[1:]), a.dtype) for n, a in first.feeds.items()},
-                                  len(mels))  # fmt: skip
+                                  len(mels))
             into.set_row(0, first)
             mels, start = mels[1:], 1
         else:
@@ -149,7 +156,7 @@ class WhisperaneModel:
 
     @staticmethod
     def _encoder_feeds(mel: np.ndarray) -> dict[str, np.ndarray]:
-        return {"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)}
+        return {MEL_FEATURES: np.ascontiguousarray(mel, dtype=np.float32)}
 
     @contextmanager
     def decoding_state(self, batch: int) -> Iterator[DecoderState]:
@@ -165,13 +172,14 @@ class WhisperaneModel:
         key = (task_index, language_token)
         with self._prefill_lock:
             if key not in self._prefill_cache:
-                feeds = {"task": np.array([task_index], dtype=np.int32), "language": np.array([language_token], dtype=np.int32)}
+                feeds = {PREFILL_TASK: np.array([task_index], dtype=np.int32),
+                         PREFILL_LANGUAGE: np.array([language_token], dtype=np.int32)}
                 out = self._sessions.prefill().run(feeds)
-                self._prefill_cache[key] = (out["key_cache_prefill"], out["value_cache_prefill"])
+                self._prefill_cache[key] = (out[KEY_PREFILL], out[VALUE_PREFILL])
             return self._prefill_cache[key]
 
     def transcribe(self, audio: str | os.PathLike | np.ndarray, **options) -> TranscriptionResult:
         """``whisperane.transcribe(audio, model=self, **options)``, as openai-whisper's ``model.transcribe``."""
-        from .transcribe import transcribe
+        from ..transcribe import transcribe
 
         return transcribe(audio, model=self, **options)
