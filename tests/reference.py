@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from whisperane.audio import HOP_LENGTH, N_FFT, mel_filters
+from whisperane.audio import HOP_LENGTH, N_FFT
+from whisperane.convert.mel import mel_filters
 
 
 def psnr(ref: np.ndarray, x: np.ndarray) -> float:

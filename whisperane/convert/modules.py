@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..audio import HOP_LENGTH, N_FFT, mel_filters
+from ..audio import HOP_LENGTH, N_FFT
 from ..contract import MASK_VALUE
 from ..dims import ModelDimensions
 from .attention import SDPA_IMPLEMENTATIONS, sdpa_cached, self_attention
@@ -50,6 +50,7 @@ from .layers import (
     to_bc1s,
     unheads,
 )
+from .mel import mel_filters
 
 # --- MelSpectrogram -------------------------------------------------------------------------------------
 
