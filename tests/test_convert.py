@@ -2,7 +2,7 @@
 against Hugging Face transformers' Whisper on the same weights and real audio, loader equivalence across
 the three checkpoint formats, bad sources, and the conversion's no-op / interruption behaviour.
 
-PSNR is DESIGN.md §6: 20 log10((max|ref| + 1e-5) / RMSE); every component must reach 35 dB.
+PSNR is docs/DESIGN.md §6: 20 log10((max|ref| + 1e-5) / RMSE); every component must reach 35 dB.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Core ML export (whisperane/convert/export_coreml.py) of a seeded random Whisper (COREML_RANDOM).
 
 Everywhere: the packages are built once per session and their specs are checked against the component
-contract (DESIGN.md §2): names, shapes, dtypes and states, ML Program type, deployment targets, compute
+contract (docs/DESIGN.md §2): names, shapes, dtypes and states, ML Program type, deployment targets, compute
 precision, palettized weights only on request; the decoders' batch of rows (the stateless TextDecoder's
 range, the beam package's 5 rows and states) over batch-1 cross K/V that reach the attention unchanged (no op
 between them and the matmuls can copy them to the rows); the stateful decoder wrapper is checked in torch
@@ -183,7 +183,7 @@ def _large_consts(spec) -> int:
 
 
 def _contract(dims, alignment_heads: int) -> dict:
-    """The contract's tensors at batch 1 (DESIGN.md §2), written out independently of the exporter."""
+    """The contract's tensors at batch 1 (docs/DESIGN.md §2), written out independently of the exporter."""
     d, dl, f, v = dims.n_audio_state, dims.n_text_state * dims.n_text_layer, dims.n_audio_ctx, dims.n_vocab
     f32 = "FLOAT32"
     return {

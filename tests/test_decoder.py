@@ -1,4 +1,4 @@
-"""The batch-B decoder core (DESIGN.md §8) on real speech, for each ONNX decoder adapter: rows at their own cache
+"""The batch-B decoder core (docs/DESIGN.md §8) on real speech, for each ONNX decoder adapter: rows at their own cache
 positions decode as they do alone, beams reordered by ``select`` continue as their sources would, and the
 window's batch-1 cross K/V serve every row with the same numbers as B copies of them; the decoder graphs never
 tile or expand the encoder's K/V."""

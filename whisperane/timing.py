@@ -128,7 +128,7 @@ def _middle_pair_network(lanes: int) -> list[tuple[int, bool, bool]]:
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic time warping over a [N, M] local-cost matrix; returns the path (text_indices, time_indices).
 
-    dtw-python's ``symmetric1`` step pattern (DESIGN.md §1), reproduced exactly: moves (1,1), (0,1), (1,0),
+    dtw-python's ``symmetric1`` step pattern (docs/DESIGN.md §1), reproduced exactly: moves (1,1), (0,1), (1,0),
     each cell's cost added once in float64, the path from (0, 0) to (N-1, M-1) through every row and every
     column; where candidates tie, the first in the order diagonal, horizontal, vertical. Rows are the query
     (tokens), columns the reference (frames), as openai-whisper's ``dtw(-matrix)``. openai's ``dtw_cpu`` and

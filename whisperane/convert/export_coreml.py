@@ -1,4 +1,4 @@
-"""Core ML export of the components (ML Program ``.mlpackage``s, DESIGN.md §2-3).
+"""Core ML export of the components (ML Program ``.mlpackage``s, docs/DESIGN.md §2-3).
 
 Every package has the contract's tensor names. Inputs and outputs are float32 (int32 for ids, lengths, task and
 language) like the ONNX exports, so both executors feed the same arrays; inside, the MelSpectrogram computes in
@@ -9,7 +9,7 @@ Written into the bundle:
 - ``MelSpectrogram``, ``AudioEncoder``, ``TextDecoderContextPrefill`` ``.mlpackage`` (macOS 13 / iOS 16
   targets) at batch 1, fixed shapes;
 - ``TextDecoder.mlpackage`` (macOS 13): the stateless decoder, taking and returning the caches as in ONNX,
-  with a flexible batch (DESIGN.md §8): every per-row input (``input_ids``, ``cache_length``, the caches, both
+  with a flexible batch (docs/DESIGN.md §8): every per-row input (``input_ids``, ``cache_length``, the caches, both
   masks) has B rows, B a ``RangeDim`` 1..MAX_DECODER_BATCH shared by all of them (one symbol), default 1; the
   cross K/V have their own batch 1..MAX_DECODER_BATCH, 1 for beams or samples of one window (broadcast to the
   B rows by the attention matmuls, never tiled) or B for B windows. Why a range and not ``EnumeratedShapes``:

