@@ -44,6 +44,8 @@ LOGIT_POSITIONS = "logit_positions"
 LOGPROB_POSITIONS = "logprob_positions"
 LOGPROB_TOKENS = "logprob_tokens"
 TOKEN_LOGPROBS = "token_logprobs"
+# the int8 TextDecoderSequence: the host looks the tokens up in TokenEmbedding.int8.npy
+TOKEN_EMBEDDINGS = "token_embeddings"
 # TextDecoderContextPrefill
 PREFILL_TASK = "task"
 PREFILL_LANGUAGE = "language"

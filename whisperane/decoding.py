@@ -334,8 +334,7 @@ class Hypothesis:
 class ActiveRows:
     """The rows of a sampling loop still decoding, kept as the first rows of the batch: a finished row's place
     is taken by the last unfinished one (its cache copied, its window's cross K/V swapped in place), so each
-    step runs only unfinished rows. A finished row left in the batch costs nearly a full row (tiny.en, 8 rows:
-    ~4 of 41 ms a step). ``restore`` puts the cross K/V back in their order. Where the executor keeps the
+    step runs only unfinished rows: a finished row left in the batch costs nearly a full row. ``restore`` puts the cross K/V back in their order. Where the executor keeps the
     caches (Core ML's MLState), finished rows stay, fed <|endoftext|>."""
 
     def __init__(self, state: DecoderState, cross, n: int):
@@ -378,7 +377,7 @@ def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarra
     tokens = [list(plan.initial) for _ in range(n_group)]
     sum_logprobs, token_logprobs = np.zeros(n_group), [[] for _ in range(n_group)]
     aligns = [[a] for a in first_align]
-    # numpy.random is imported only to sample (its import: 6.5 MB resident in a bare process, 1.5 MB of JFK's peak)
+    # numpy.random is imported only to sample: its import adds megabytes to a short file's peak
     rng = np.random.default_rng(options.seed) if options.temperature >= 1e-6 else None
     logits, active = logits.astype(np.float32), ActiveRows(state, cross, n_group)
     try:

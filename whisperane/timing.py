@@ -73,9 +73,9 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     # Windows 2q and 2q + 1 share filter_width - 1 values (the core); with the core's two middle values lo <= hi,
     # each window's median is its own extra value clamped to [lo, hi]. The core's middle pair comes from a sorting
     # network (min/max over whole arrays, so the result is exactly one of the inputs) run once for two outputs:
-    # half the array operations of a network per window (width 7: 7.8 -> 5.7 ms on [8, 81, 1500]). Rows go through
-    # in blocks whose lanes stay in the core's cache; the network works in place on copies of the core's lanes
-    # and one spare array (no allocation per operation: 5.0 -> 4.4 ms).
+    # half the array operations of a network per window. Rows go through in blocks whose lanes stay in the core's
+    # cache; the network works in place on copies of the core's lanes and one spare array (no allocation per
+    # operation; benchmarks/results/2026-12-05-session26-host-timing.md).
     spare = np.empty((_MEDIAN_ROWS, pairs), dtype=rows.dtype)
     for first in range(0, rows.shape[0], _MEDIAN_ROWS):
         block = padded[first : first + _MEDIAN_ROWS]
@@ -167,14 +167,14 @@ def _cumulative_cost_moves(x: np.ndarray) -> np.ndarray:
     Each candidate is summed as dtw-python sums it (previous total + this cell's cost), so ties and rounding
     fall as there. Only the totals need the anti-diagonal loop (every cell of one depends on the two before
     it), and rounding is monotonic, so the least of the three sums is exactly the least previous total plus
-    the cell's cost: three array operations an anti-diagonal instead of seven (the DTW of 80 tokens over a full
-    window: 46 -> 35 ms). The moves are then found for all cells at once from the same sums.
+    the cell's cost: three array operations an anti-diagonal instead of seven. The moves are then found for all
+    cells at once from the same sums.
     """
     n, m = x.shape
     local = _by_antidiagonal(x)
     total = np.full((n + m, n + 1), np.inf)  # total[k + 1, i + 1]: cell (i, k - i); row 0 and column 0 are off
     total[1, 1] = x[0, 0]
-    # Each row's two views made once, not per use (the loop is ufunc calls on N values: 4.6 -> 3.9 ms in all).
+    # Each row's two views made once, not per use: the loop is ufunc calls on N values, where views cost.
     left, right, cells = list(total[:, :n]), list(total[:, 1:]), list(local)
     for k in range(1, n + m - 1):
         best = right[k + 1]
@@ -247,7 +247,7 @@ def alignment_matrix(
 def standardised_rows(w: np.ndarray) -> np.ndarray:
     """(w - mean) / std over axis -2 (std 0: / 1), bitwise ``(w - w.mean(-2)) / w.std(-2)`` as numpy computes
     them (its ``_mean`` and ``_var``: the sum, then a division in place by the count), with the mean and the
-    deviations computed once instead of twice (0.75 of 2.5 ms on [8, 81, 1500])."""
+    deviations computed once instead of twice."""
     count = np.intp(w.shape[-2])
     mean = np.add.reduce(w, axis=-2, keepdims=True)
     np.true_divide(mean, count, out=mean, casting="unsafe")

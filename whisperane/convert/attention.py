@@ -36,8 +36,8 @@ def weighted_values(w: Tensor, v: Tensor) -> Tensor:
 
     Computed as w @ v^T, transposed after: ``v @ w^T`` becomes ONNX Runtime's FusedMatMul(v, w, transB), whose
     CPU kernel packs w for a product of one column when Tq = 1 (the one-token step): 2.6x the time of this form
-    for one row, 2.1x at 8 rows (tiny.en's 1500-frame cross values, per layer); w @ v^T is faster at Tq = 97-224
-    as well (0.45 against 0.59 ms, 0.95 against 1.12 ms)."""
+    for one row, 2.1x at 8 rows; w @ v^T is faster for prompts as well
+    (benchmarks/results/2026-12-03-session18-weighted-values.md)."""
     return torch.matmul(w, v.transpose(2, 3)).transpose(2, 3)
 
 
@@ -113,8 +113,7 @@ def self_attention(sdpa: str, n_head: int, layout: str) -> Callable[[Tensor, Ten
     one of SDPA_IMPLEMENTATIONS between the head split and merge, or (``"mha"``, BTC only) ONNX Runtime's
     MultiHeadAttention on the projections as they are, exported as one node. Its CPU kernel keeps the
     [H, 1500, 1500] scores out of memory; the chunked MatMul/Softmax/MatMul form took ~1.8x as long per layer
-    (int8 encoder a window, best of 7: tiny.en 613 -> 419 ms, base 1201 -> 993 ms), and head reshapes around
-    the operator were traced into shape arithmetic that cost ~100 ms a window (tiny.en)."""
+    (benchmarks/results/2026-12-01-encoder-mha.md)."""
     if sdpa == "mha":
         if layout == "ane":
             raise ValueError("mha is ONNX Runtime's operator, for the BTC layout")

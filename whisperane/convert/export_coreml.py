@@ -54,6 +54,20 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .. import contract
+from ..contract import (
+    ALIGNMENT_WEIGHTS,
+    AUDIO,
+    CROSS_KEY,
+    CROSS_VALUE,
+    ENCODER_OUTPUT,
+    KEY_CACHE,
+    KEY_PREFILL,
+    LOGITS,
+    MEL_FEATURES,
+    VALUE_CACHE,
+    VALUE_PREFILL,
+)
 from ..dims import ModelDimensions
 from ..errors import ConversionError
 from .export_onnx import DECODER_OUTPUTS, decoder_example
@@ -70,25 +84,13 @@ BEAM_BATCH = 5  # rows of TextDecoderStatefulBeam (openai's and faster-whisper's
 # would need scikit-learn.
 PALETTIZE_WEIGHT_THRESHOLD = 16384
 
-MEL_INPUTS = ["audio"]
-MEL_OUTPUTS = ["melspectrogram_features"]
-ENCODER_INPUTS = ["melspectrogram_features"]
-ENCODER_OUTPUTS = ["encoder_output_embeds", "encoder_attn_key_cache", "encoder_attn_value_cache"]
-DECODER_INPUTS = [
-    "input_ids",
-    "cache_length",
-    "key_cache",
-    "value_cache",
-    "kv_cache_update_mask",
-    "decoder_key_padding_mask",
-    "encoder_attn_key_cache",
-    "encoder_attn_value_cache",
-]
-CACHE_NAMES = ("key_cache", "value_cache")
+MEL_OUTPUTS = [MEL_FEATURES]
+ENCODER_OUTPUTS = [ENCODER_OUTPUT, CROSS_KEY, CROSS_VALUE]
+DECODER_INPUTS = list(contract.DECODER_INPUTS)
+CACHE_NAMES = (KEY_CACHE, VALUE_CACHE)
 STATEFUL_INPUTS = [n for n in DECODER_INPUTS if n not in CACHE_NAMES]
-STATEFUL_OUTPUTS = ["logits", "alignment_heads_weights"]
-PREFILL_INPUTS = ["task", "language"]
-PREFILL_OUTPUTS = ["key_cache_prefill", "value_cache_prefill"]
+STATEFUL_OUTPUTS = [LOGITS, ALIGNMENT_WEIGHTS]
+PREFILL_OUTPUTS = [KEY_PREFILL, VALUE_PREFILL]
 
 
 def _ct():
@@ -194,8 +196,8 @@ class TextDecoderStateful(nn.Module):
         dims = decoder.dims
         self.decoder = decoder
         shape = (batch, dims.n_text_state * dims.n_text_layer, 1, cache_length)
-        self.register_buffer("key_cache", torch.zeros(shape))
-        self.register_buffer("value_cache", torch.zeros(shape))
+        self.register_buffer(KEY_CACHE, torch.zeros(shape))
+        self.register_buffer(VALUE_CACHE, torch.zeros(shape))
 
     def forward(
         self,
@@ -227,12 +229,12 @@ class TextDecoderStateful(nn.Module):
 
 
 def convert_mel(module: nn.Module):
-    return _convert(module, {"audio": torch.zeros(480000)}, MEL_OUTPUTS, precision="float32")
+    return _convert(module, {AUDIO: torch.zeros(480000)}, MEL_OUTPUTS, precision="float32")
 
 
 def convert_encoder(module: nn.Module, dims: ModelDimensions):
     return _convert(
-        module, {"melspectrogram_features": torch.zeros(1, dims.n_mels, 1, 3000)}, ENCODER_OUTPUTS
+        module, {MEL_FEATURES: torch.zeros(1, dims.n_mels, 1, 3000)}, ENCODER_OUTPUTS
     )
 
 

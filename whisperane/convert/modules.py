@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..audio import HOP_LENGTH, N_FFT
-from ..contract import MASK_VALUE
+from ..contract import LOGIT_POSITIONS, LOGPROB_POSITIONS, LOGPROB_TOKENS, MASK_VALUE
 from ..dims import ModelDimensions
 from .attention import SDPA_IMPLEMENTATIONS, sdpa_cached, self_attention
 from .layers import (
@@ -369,13 +369,13 @@ class TextDecoderSequence(TextDecoderBase):
         frames = int(align[0].shape[3])
         weights = torch.cat([reshape(a, KEEP, -1, frames) for a in align], dim=1)
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
-        # nothing reads, cost half of the call (tiny.en, 217 tokens: 148 of ~300 ms) until it could be skipped.
+        # nothing reads, would be half of the call (benchmarks/results/2026-12-05-session23-prompt-tail.md).
         logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)
         return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights, logprobs
 
 
 # TextDecoderSequence's last inputs: which positions get logits, which get token log-probabilities, and the tokens
-SEQUENCE_SELECTORS = ("logit_positions", "logprob_positions", "logprob_tokens")
+SEQUENCE_SELECTORS = (LOGIT_POSITIONS, LOGPROB_POSITIONS, LOGPROB_TOKENS)
 
 
 class PerLayerInputs(nn.Module):

@@ -33,10 +33,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..contract import TOKEN_EMBEDDINGS
 from .export_onnx import embedding_name
 
 BITS = 8
-TOKEN_EMBEDDINGS = "token_embeddings"  # the input that replaces the lookup with ``host_embedding``
 ZERO_POINT = 1 << (BITS - 1)  # MatMulNBits' default zero point when none is given
 
 
@@ -148,10 +148,8 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32, host_embedding: Pa
 
 # The MLPs' second projections get int8 activations with a scale and zero point per row (frame) instead of the
 # dynamic quantization's one per tensor: their input (GELU's output) has its outliers in a few frames, so one
-# scale for the whole tensor leaves little resolution for the rest (input SQNR at 8 bits, base on JFK: 16.1 dB
-# per tensor against 37.1 dB per row in block 3, 26-29 against 35-43 dB elsewhere). With one scale per tensor
-# they had to stay float32 (base, 10-minute English file, int8 decoder: WER 4.69 % with them quantized so,
-# 3.67 % in float32, float32 encoder 3.74 %).
+# scale for the whole tensor leaves little resolution for the rest; with one scale per tensor they had to stay
+# float32 (benchmarks/results/2026-12-03-session19-row-quantized-fc2.md).
 ENCODER_ROW_QUANTIZED = "/mlp/fc2/"
 WEIGHT_LEVELS = 63  # 7-bit weights: AVX2's u8 x s8 pair sums (vpmaddubsw) cannot saturate
 

@@ -15,15 +15,15 @@ from ..errors import WhisperaneError
 from .window import Window
 
 # 1.5 s of voiced frames (vad.VOICED) between two words, or before the first or after the last: speech the
-# decoding skipped. Between the words of a good transcript there are at most 0.74 s (tiny.en, 602 s file: DTW
-# word edges and pauses the VAD still calls voice); the skips seen there held 9.5 s and 13.4 s.
+# decoding skipped: about twice the longest voiced stretch without words in good transcripts (DTW's word edges
+# and pauses the VAD still calls voice), far below the skips seen (benchmarks/results/2026-12-01-guard.md).
 GUARD_MIN_SPEECH_FRAMES = 150
 
 
 # A resumed decoding starts this far ahead of the voice it found without words (when that is later than the last
-# kept segment's end): the stretch before holds no word and no voice, and a window that began with 8 s of digital
-# silence before the voice made tiny.en write a sentence three times into the silence. The lead-in covers the
-# VAD's late onsets (0.22 s after a clip's first fricative on the corpus).
+# kept segment's end): the stretch before holds no word and no voice, and a window that begins with seconds of
+# digital silence before the voice can make the model write a sentence several times into the silence. The
+# lead-in covers the VAD's late onsets after a fricative.
 GUARD_LEAD_IN_FRAMES = 100
 
 
@@ -61,8 +61,8 @@ class VoiceCheck:
 
 class VoiceOnDemand(VoiceCheck):
     """The VAD run on the stretch itself, only when the guard asks (a stretch of GUARD_MIN_SPEECH_FRAMES or more
-    without words, or a segment at one instant: ``instants_onto_voice``): most windows of speech have none
-    (602 s tiny.en file: 14 stretches, 0.2 of 120 CPU s; 609 s file: two instants, 6 ms).
+    without words, or a segment at one instant: ``instants_onto_voice``): most windows of speech have none, so
+    the guard costs little (benchmarks/results/2026-12-01-guard.md).
 
     Without the VAD model (not cached, and PyPI out of reach) the guard is off, with one warning."""
 

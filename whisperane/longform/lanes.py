@@ -38,8 +38,8 @@ from .speech import vad_options
 from .window import Window
 from .words import restore_timestamps
 
-# A lane starts without previous text: lanes of at least two windows of speech keep that to a few windows
-# of a long file (gapped 287 s test file, tiny.en: WER 8.86 % with 8 lanes of ~25 s, 5.23 % with one).
+# A lane starts without previous text, which costs accuracy: lanes of at least two windows of speech keep that to
+# a few windows of a long file (benchmarks/results/2026-12-01-lanes.md).
 MIN_LANE_SECONDS = 60.0
 
 
@@ -60,9 +60,8 @@ def lane_regions(regions: Sequence[SpeechRegion], count: int,
 
 # A lane starts without the previous text and the lane before it stops at the cut: cut where the speaker
 # pauses. A pause of GOOD_PAUSE (0.8 s) is as good a cut as a longer one; each lane's speech stays within
-# LANE_SPREAD of an equal share (the longest lane sets batched mode's wall time; regions of up to 30 s leave
-# little choice within 20 %: on the 609 s benchmark file the only cut outside a sonnet needs a lane 1.3 shares
-# long, which takes the same four windows as the longest equal-share lane).
+# LANE_SPREAD of an equal share, since the longest lane sets batched mode's wall time and regions of up to 30 s
+# leave little choice within a tighter spread (benchmarks/results/2026-12-02-lane-cuts.md).
 GOOD_PAUSE = 25
 LANE_SPREAD = (0.5, 1.3)
 
@@ -102,7 +101,7 @@ def pause_lengths(regions: Sequence[SpeechRegion], probabilities: np.ndarray, th
     """The silence between each two neighbouring regions, in VAD windows below ``threshold`` around the point
     between them: regions of at most 30 s split long speech at short pauses (often inside a sentence, and
     their padding makes them touch), which is the worst place for a lane to start without the previous text
-    and for the lane before it to end (base, 609 s file: a line of a sonnet cut there came out twice)."""
+    and for the lane before it to end (a line cut there can come out twice)."""
     loud = np.flatnonzero(np.asarray(probabilities) >= threshold)
     lengths = []
     for left, right in zip(regions[:-1], regions[1:], strict=True):
@@ -171,8 +170,7 @@ class Tail:
 
 def pack_tails(tails: Sequence[Tail]) -> list[list[Tail]]:
     """Tails packed first-fit decreasing into bins of at most one window of speech, each bin's tails in audio
-    order. A lane's last window costs a whole encoder call however little it holds (609 s benchmark file, 8
-    lanes, tiny.en: their last windows held 0.3-27 s, 29 windows in all; 26 with bins)."""
+    order. A lane's last window costs a whole encoder call however little it holds: bins share those calls."""
     bins: list[list[Tail]] = []
     for tail in sorted(tails, key=lambda t: -t.n_samples):
         fit = next((b for b in bins if sum(t.n_samples for t in b) + tail.n_samples <= N_SAMPLES), None)
@@ -240,7 +238,7 @@ class _Rounds:
     def _launch(self, waiting: list[Tail], free: int) -> list[SeekLoop]:
         """Bins of the waiting tails (taken from ``waiting``) for the ``free`` rows of this round, fullest
         first: tails that end in one round share windows; a tail never waits for a later one (a round of its
-        own costs more than the window it would share: 609 s gapped file, tiny.en)."""
+        own costs more than the window it would share)."""
         launched = []
         for pieces in pack_tails(waiting)[: max(0, free)]:
             loop = self.open_bin(pieces)

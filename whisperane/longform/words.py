@@ -140,7 +140,7 @@ def word_duration_limits(alignment: Sequence[WordTiming]) -> tuple[float, float]
 
 def median(values: np.ndarray) -> float:
     """numpy.median of a 1-D array without NaNs, the same number, without the import of numpy.ma that numpy's
-    median makes at its first call (18 ms of a short file's run)."""
+    median makes at its first call (a noticeable part of a short file's run)."""
     ordered = np.sort(values)
     middle = len(ordered) // 2
     return float(ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2)

@@ -35,6 +35,7 @@ from ..contract import (
     LOGPROB_POSITIONS,
     LOGPROB_TOKENS,
     PADDING_MASK,
+    TOKEN_EMBEDDINGS,
     TOKEN_LOGPROBS,
     UPDATE_MASK,
     VALUE_UPDATES,
@@ -60,8 +61,8 @@ def logsumexp(x: np.ndarray) -> np.ndarray:
         return m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True, dtype=np.float64))
 
 
-# Rows of the logits normalised at once. logsumexp makes two temporaries of the rows' size: 2 rows (0.4 MB each)
-# stay in a core's L2, 8 rows (1.6 MB each) did not: [81, 51864] 12.5 -> 4.3 ms, and the JFK run's peak -1.3 MiB.
+# Rows of the logits normalised at once. logsumexp makes two temporaries of the rows' size: two rows of a
+# vocabulary stay in a core's L2 cache, eight do not.
 PROBABILITY_ROWS = 2
 
 
@@ -74,8 +75,7 @@ def text_token_probabilities(logits: np.ndarray, text_tokens: Sequence[int], eot
     n = len(text_tokens)
     scores = np.asarray(logits, dtype=np.float32)[:n, :eot]
     picked = scores[np.arange(n), np.asarray(text_tokens, dtype=np.int64)]
-    # Rows in blocks: logsumexp's intermediates over all rows at once were two more copies of the logits
-    # (JFK, tiny.en: +8 MB at the peak of the whole run).
+    # Rows in blocks: logsumexp's intermediates over all rows at once would be two more copies of the logits.
     norms = np.empty(n)
     for i in range(0, n, PROBABILITY_ROWS):
         norms[i : i + PROBABILITY_ROWS] = logsumexp(scores[i : i + PROBABILITY_ROWS])[:, 0]
@@ -305,7 +305,7 @@ class SequenceGraph:
 
 class AppendingDecoder(Decoder):
     """ONNX Runtime's int8 TextDecoderSequence for every call: a one-token call appends the token's K/V inside
-    the graph (4.6 vs 4.5 ms a step on tiny.en against the one-hot form), so one session holds the weights.
+    the graph (as fast a step as the one-hot form), so one session holds the weights.
     The token embeddings are looked up on the host (``TokenTable``); each cache is one input per layer."""
 
     def __init__(self, layout: CacheLayout, component: Component, table: TokenTable):
@@ -317,7 +317,7 @@ class AppendingDecoder(Decoder):
 
     def _feeds(self, state, tokens, cross) -> dict[str, np.ndarray]:
         feeds = self.graph.feeds(state, tokens, cross)
-        feeds["token_embeddings"] = self.table.lookup(tokens)
+        feeds[TOKEN_EMBEDDINGS] = self.table.lookup(tokens)
         return feeds
 
     def step(self, state, tokens, cross):

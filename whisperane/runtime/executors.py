@@ -64,7 +64,7 @@ def _optimized_cache_dir(path: Path, ort) -> Path:
 @functools.cache
 def _cpu_flags() -> str:
     """The processor's feature flags (Linux's /proc/cpuinfo; empty elsewhere), read once a process: the file is
-    long on a many-core machine (7 ms a read on 2 cores, once for each component before)."""
+    long on a many-core machine."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith("flags")), "")
@@ -98,9 +98,8 @@ class OnnxComponent:
 
     Graph optimization of a large model costs more than running it once: the first load saves the optimized
     graph (``.ort-cache/`` beside the component) with its weights in an external file, prepacked for this
-    CPU's kernels, and later loads map it as it is. Against a cached ORT-format graph, which repacks the
-    weights on every load (tiny.en int8 decoder: 270-290 ms, base 500 ms), that loads the tiny.en decoder in
-    160-200 ms with a 14 MB lower peak while loading, for twice the disk (68 MB against 32 MB).
+    CPU's kernels, and later loads map it as it is. A cached ORT-format graph would repack the weights on every
+    load: this is faster and lower at the peak, for twice the disk (benchmarks/results/2026-12-02-startup.md).
     """
 
     def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None,
@@ -177,16 +176,15 @@ class OnnxComponent:
         opts.log_severity_level = 3
         # Memory: the components run one after another, so their activations share one arena (the process-wide
         # allocator) instead of each session growing its own; and no per-session "memory pattern" block, which
-        # for the encoder is a second copy of its largest activations (measured: -60 MB and -80 MB peak RSS on
-        # tiny.en, speed unchanged).
+        # for the encoder is a second copy of its largest activations (peak RSS lower, speed unchanged).
         opts.enable_mem_pattern = False
         if _shared_cpu_arena(ort):
             opts.add_session_config_entry("session.use_env_allocators", "1")
         return opts
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-        # ONNX Runtime still runs every node of the graph (measured: the prompt call's vocabulary projection ran
-        # with only the caches requested); the graph itself must skip work it is told is not needed.
+        # ONNX Runtime runs every node of the graph whatever outputs are asked for: the graph itself must skip
+        # work it is told is not needed (TextDecoderSequence's logit_positions).
         names = outputs or self._output_names
         values = self.session.run(names, feeds)
         return dict(zip(names, values, strict=True))

@@ -125,15 +125,13 @@ class WhisperaneModel:
         cross K/V from an earlier call, or of a new batch where it is None or has fewer rows; the batch written.
 
         One call a window, not one for the batch: the int8 encoder quantizes its activations with one scale per
-        call, so in a batched call a window's encoding would depend on the windows beside it (the 10-minute
-        file's WER moved 4.42 -> 4.15 % with nothing else changed); one call a window gives every window the
-        encoding the sequential loop gives it, at a small cost or none on the CPU (tiny.en, 8 windows: 3.95 s /
-        427 MB peak RSS in one call against 3.77 s / 319 MB one by one in one measurement, 418 against 485 ms
-        a window in another).
+        call, so in a batched call a window's encoding would depend on the windows beside it (and the transcript
+        with it); one call a window gives every window the encoding the sequential loop gives it, at a small cost
+        or none on the CPU.
 
         Where the encoder's outputs are the decoder's inputs, ONNX Runtime writes them into the batch's rows in
-        place. Copying them into a new batch each step took 0.69 s of a 16 s batched run (tiny.en, 609 s file,
-        29 windows): the copy faulted in every page of the new arrays; a reused batch has its pages already."""
+        place: a copy into a new batch each step faults in every page of the new arrays; a reused batch has its
+        pages already."""
         if into is None or into.batch < len(mels):
             first = self.encode(mels[0]).cross
             into = CrossAttention({n: np.empty((len(mels), *a.shape[1:]), a.dtype) for n, a in first.feeds.items()},

@@ -84,10 +84,9 @@ def choose_kind(info: BundleInfo, executor: str, compute_type: str) -> BundleKin
 
 # The component whose calls follow one another, the one-token steps' ("decoder"; with int8 weights it also takes
 # the multi-token calls): its ONNX Runtime threads spin between calls. The others' threads sleep when a call ends,
-# since another component runs next: the log-mel's spinning slowed the encoder after it, and the encoder's the
-# previous-text prompt (tiny.en, in process: a prompt of 224 tokens took 95-100 ms right after an encoder call,
-# 61-65 ms 50 ms later); the float32 kind's separate multi-token decoder ("sequence") runs the prompt before the
-# steps and the alignment pass before the next window's log-mel.
+# since another component runs next: one component's spinning threads slow the next one on the same cores
+# (benchmarks/results/2026-12-03-session18-weighted-values.md); the float32 kind's separate multi-token decoder
+# ("sequence") runs the prompt before the steps and the alignment pass before the next window's log-mel.
 SPINNING_ROLES = ("decoder",)
 
 

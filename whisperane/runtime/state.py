@@ -66,7 +66,7 @@ class DecoderState:
         """The caches and the padding mask as a decoder call takes them. A graph whose cache length is free
         (``SequenceGraph.any_length``) gets none of the S positions while every row is empty: a
         window's prompt and its alignment pass then attend over their own tokens alone, not S masked positions
-        besides (tiny.en int8: 200-token prompt 41.5 -> 32.2 ms, alignment pass 33.5 -> 29.2 ms; the same outputs)."""
+        besides (faster, the same outputs: benchmarks/results/2026-12-05-session22-xeon-amx.md)."""
         if any_length and not self.lengths.any():
             return {**{n: c[..., :0] for n, c in self.cache_feeds.items()}, PADDING_MASK: self.padding[:, :0]}
         return {**self.cache_feeds, PADDING_MASK: self.padding}
@@ -101,8 +101,8 @@ class DecoderState:
 
     def write(self, key: np.ndarray, value: np.ndarray) -> None:
         """Append T positions to every row (key/value [B or 1, d*L, 1, T], layers concatenated). The positions come
-        to Python once, as a list: between two one-token steps the host's work (~0.4 ms against a ~2.5 ms step,
-        tiny.en) runs on caches the step has just evicted, where every numpy reduction costs tens of us."""
+        to Python once, as a list: between two one-token steps the host's work runs on caches the step has just
+        evicted, where every numpy reduction costs tens of microseconds."""
         t = key.shape[3]
         self.check_room(t)
         starts = self.lengths.tolist()
@@ -222,8 +222,8 @@ class _FlatCaches:
 class GrowingState(DecoderState):
     """A ``DecoderState`` whose caches hold only the positions its rows have reached, rounded up to
     CAPACITY_BLOCK, for graphs that take caches of any length (``SequenceGraph.any_length``): a one-token step
-    then reads the filled part of each cache rather than all S positions (replayed steps of the long file's
-    first 95 s: tiny.en 2.23 -> 2.04 ms, base 5.09 -> 4.75 ms, every output byte-identical). The caches are
+    then reads the filled part of each cache rather than all S positions (every output byte-identical:
+    benchmarks/results/2026-12-05-session25-filled-caches.md). The caches are
     views of ``_FlatCaches``; a write past the capacity lays every row out again, larger, in place (a few
     times a window). ``first_rows`` views share the buffers and follow their layout."""
 

@@ -79,7 +79,7 @@ CONTEXT_SAMPLES = 64  # each window is scored with the 64 samples before it
 STATE_SHAPE = (1, 1, 128)  # the LSTM's h and c
 
 
-# Windows per ONNX Runtime call (16.4 s of audio): measured fastest on this CPU among 32..10000.
+# Windows per ONNX Runtime call (16.4 s of audio): the fastest of the sizes tried, 32 to 10000.
 WINDOWS_PER_CALL = 512
 
 
