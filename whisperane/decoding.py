@@ -16,7 +16,7 @@ import numpy as np
 
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
-from .options import DecodingOptions
+from .options import DecodingOptions, token_ids
 from .runtime.decoder import logsumexp
 from .runtime.model import EncodedWindow, WhisperaneModel
 from .runtime.state import DecoderState
@@ -123,12 +123,7 @@ class ApplyTimestampRules(LogitFilter):
 
 def suppress_token_ids(option: str | Iterable[int] | None, tokenizer: Tokenizer, default: Sequence[int]) -> list[int]:
     """openai-whisper's rule: "-1" stands for the default set (non-speech symbols and the special tokens)."""
-    if option is None:
-        ids: list[int] = []
-    elif isinstance(option, str):
-        ids = [int(t) for t in option.split(",") if t.strip()]
-    else:
-        ids = [int(t) for t in option]
+    ids = list(token_ids(option) or ())
     if -1 in ids:
         ids = [t for t in ids if t >= 0] + list(default)
     ids += [tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm]
@@ -180,6 +175,15 @@ class WindowPlan:
         return len(self.initial)
 
 
+def sample_room(model: WhisperaneModel, sample_len: int, used: int) -> int:
+    """How many tokens a row may sample after ``used`` positions of the decoder cache: ``sample_len``, or what
+    the cache has left; an error where nothing fits."""
+    room = min(sample_len, model.cache_length - used)
+    if room < 1:
+        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+    return room
+
+
 def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tokenizer) -> WindowPlan:
     n_ctx = model.dims.n_text_ctx
     initial = _prompt_head(tokenizer, _encode_text_or_tokens(tokenizer, options.prompt), n_ctx) if options.prompt else []
@@ -188,9 +192,7 @@ def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tok
     if options.prefix:
         initial += _encode_text_or_tokens(tokenizer, options.prefix)[-(n_ctx // 2) :]
     sample_begin = len(initial)
-    sample_len = min(options.sample_len or n_ctx // 2, model.cache_length - sample_begin)
-    if sample_len < 1:
-        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+    sample_len = sample_room(model, options.sample_len or n_ctx // 2, sample_begin)
     filters: list[LogitFilter] = []
     if options.suppress_blank:
         blank = model.info.suppress_blank_tokens or (*tokenizer.encode(" "), tokenizer.eot)
@@ -240,9 +242,7 @@ def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: Decoding
         prompts = [_encode_text_or_tokens(tokenizer, options.prompt) if options.prompt else None] * batch
     plan = plan_window(model, replace(options, prompt=None), tokenizer)  # what every row shares after its prompt
     heads = [_prompt_head(tokenizer, p, model.dims.n_text_ctx) if p else [] for p in prompts]
-    limits = [min(plan.sample_len, model.cache_length - plan.sample_begin - len(h)) for h in heads]
-    if min(limits) < 1:
-        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+    limits = [sample_room(model, plan.sample_len, plan.sample_begin + len(h)) for h in heads]
     with model.decoding_state(batch) as state:
         if any(heads):
             _forward_prompts(model, state, heads, enc.cross)

@@ -77,7 +77,7 @@ class TranscribeOptions:
         object.__setattr__(self, "language", _language(self.language))
         object.__setattr__(self, "temperature", _temperatures(self.temperature))
         object.__setattr__(self, "clip_timestamps", clip_values(self.clip_timestamps))
-        object.__setattr__(self, "suppress_tokens", _token_ids(self.suppress_tokens))
+        object.__setattr__(self, "suppress_tokens", token_ids(self.suppress_tokens))
         _choice("task", self.task, TASKS)
         _choice("prefill", self.prefill, PREFILLS)
         _choice("alignment", self.alignment, ALIGNMENTS)
@@ -230,7 +230,8 @@ def clip_values(value: str | Sequence[float]) -> tuple[float, ...]:
     return values or (0.0,)
 
 
-def _token_ids(value) -> tuple[int, ...] | None:
+def token_ids(value) -> tuple[int, ...] | None:
+    """Token ids from a comma-separated string or a sequence (``suppress_tokens``); -1 stands for the default set."""
     if value is None:
         return None
     try:
