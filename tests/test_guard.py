@@ -70,6 +70,13 @@ def test_pauses_and_short_voice_leave_the_seek_alone(voiced):
     assert _resume(segments, 800, voiced) is None
 
 
+def test_a_gap_without_voice_before_a_gap_with_voice():
+    """The first long gap holds no voice, the second does: the guard asks the VAD about both and resumes at the
+    second, a lead-in before its voice."""
+    segments = [_segment(0.5, 1.0), _segment(4.0, 5.0), _segment(25.0, 26.0)]
+    assert _resume(segments, N_FRAMES, [(0.4, 1.1), (9.0, 20.0)]) == (800, 2500)
+
+
 def test_once_per_window_and_not_without_a_voice_check():
     segments = [_segment(0.5, 4.0)]
     assert _resume(segments, N_FRAMES, [(9.0, 20.0)], window_seek=0, resumed={0}) is None

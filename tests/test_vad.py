@@ -274,7 +274,7 @@ def test_probabilities_equal_faster_whisper_model(gapped, gapped_probabilities):
 
 
 def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, monkeypatch, tmp_path):
-    """The VAD runs the published graph with its 1-D convolutions rewritten as 2-D ones (vad_graph): no 1-D
+    """The VAD runs the published graph with its 1-D convolutions rewritten as 2-D ones (vad.graph): no 1-D
     convolution is left, and the published graph itself gives the same probabilities (the two tests above
     check the rewritten one against silero-vad's streaming model and faster-whisper's); without the onnx
     package the published graph is used as it is."""

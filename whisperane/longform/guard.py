@@ -130,18 +130,20 @@ def resume_before(w: Window, segments: list[dict], gap_start: int, gap_end: int,
     return Resume(max(frame, min([w.seek + onset, *dropped]) - GUARD_LEAD_IN_FRAMES), w.seek + gap_end)
 
 
-def resume_point(voice: VoiceCheck | None, resumed: set[int], w: Window, segments: list[dict], seek: int) -> Resume | None:
+def resume_point(check: VoiceCheck | None, resumed: set[int], w: Window, segments: list[dict],
+                 seek: int) -> Resume | None:
     """The seek guard: where to decode again (without the prompt) when GUARD_MIN_SPEECH_FRAMES of voiced
     audio between the window's start and the next seek produced no word (openai's rule would skip it: a
     decoding that stopped early on a timestamp, or jumped over speech): the end of the last segment before
-    that gap, or the window's start. At most once per window: not for a window the guard started (``resumed``: their seeks)."""
-    if voice is None or w.seek in resumed or seek <= w.seek:
+    that gap, or the window's start. ``check`` says where the voice is (None: no guard). At most once per
+    window: not for a window the guard started (``resumed``: their seeks)."""
+    if check is None or w.seek in resumed or seek <= w.seek:
         return None
     previous_end = 0
     for start, end in [*sorted(heard_frames(segments, w.seek)), (seek - w.seek, seek - w.seek)]:
         gap_end = min(max(start, previous_end), seek - w.seek)
         if gap_end - previous_end >= GUARD_MIN_SPEECH_FRAMES:
-            voice = voice.voice(w, previous_end, gap_end)
+            voice = check.voice(w, previous_end, gap_end)
             if voice.frames >= GUARD_MIN_SPEECH_FRAMES:
                 return resume_before(w, segments, previous_end, gap_end, voice.onset)
         previous_end = max(previous_end, end)
