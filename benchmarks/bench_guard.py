@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import platform
 import sys
 import time
@@ -35,7 +34,9 @@ class VadCalls:
     the rule for segments at one instant call)."""
 
     def __init__(self):
-        self.module = importlib.import_module("whisperane.longform.guard")
+        from whisperane.longform import guard
+
+        self.module = guard
         self.original = self.module.VoiceOnDemand.runs
         self.calls: list[float] = []
         clock = self

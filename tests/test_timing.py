@@ -190,7 +190,7 @@ def test_dtw_tie_rule_differs_from_openai():
 
 def _modules_loaded_by(code: str, *packages: str) -> list[str]:
     """The modules in ``packages`` (and below them) that a fresh interpreter holds after running ``code``."""
-    probe = (f"import sys, numpy as np, whisperane, whisperane.timing as t; {code}; "
+    probe = (f"import sys, numpy as np, whisperane, whisperane.timing as t, whisperane.longform.words as words; {code}; "
              f"print([m for m in sorted(sys.modules) if any(m == p or m.startswith(p + '.') for p in {packages!r})])")
     return eval(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
 
@@ -210,7 +210,7 @@ def test_median_is_numpys(durations):
 def test_word_durations_need_no_numpy_ma():
     """numpy's median imports numpy.ma at its first call (18 ms of a short file's run); the word-duration limits
     do without it."""
-    code = "t.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)])"
+    code = "words.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)])"
     assert _modules_loaded_by(code, "numpy.ma") == []
 
 

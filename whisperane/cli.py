@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import importlib
 import os
 import signal
 import sys
@@ -180,8 +179,7 @@ class _FileRunner:
 
     def __call__(self, job: _Job, clashes: dict[str, str]) -> None:
         from .audio import open_audio
-
-        transcribing = importlib.import_module(f"{__package__}.transcribe")  # the package binds the function
+        from .transcribe import transcribe  # looked up at each call: tests replace it in its module
 
         path, args, t0 = job.path, self.args, time.time()
         if os.path.isdir(path):
@@ -194,8 +192,7 @@ class _FileRunner:
         self.model = self.model or self._load()
         bar = progress_bar(args.progress, duration, path)
         try:  # by path: transcribe() reads it twice (the file's log-mel peak first, as openai-whisper floors it)
-            result = transcribing.transcribe(path, self.model, progress=bar.update if bar else None,
-                                             **self.options.to_kwargs())
+            result = transcribe(path, self.model, progress=bar.update if bar else None, **self.options.to_kwargs())
         finally:
             if bar:
                 bar.close()
