@@ -176,8 +176,8 @@ def test_windows_encoded_one_call_each_fill_their_batch_rows(model, english_clip
     assert reused is batch and {n: v.ctypes.data for n, v in reused.feeds.items()} == arrays
     for mel, row in [*zip(later, (0, 1), strict=True), (mels[2], 2)]:
         alone = model.encode(mel)
-        assert reused.feeds.keys() == alone.cross.feeds.keys()
-        for name, value in alone.cross.feeds.items():
+        assert reused.feeds.keys() == alone.feeds.keys()
+        for name, value in alone.feeds.items():
             np.testing.assert_array_equal(reused.feeds[name][row : row + 1], value)
 
 

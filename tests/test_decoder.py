@@ -37,8 +37,8 @@ def prefix(model, n_text: int) -> list[int]:
 def run_alone(model, window, tokens: list[int], then: int):
     """Logits of ``then`` after ``tokens`` in a state of its own."""
     with model.decoding_state(1) as state:
-        model.decoder.forward(state, np.asarray([tokens]), window.cross, need_logits=False)
-        logits, align = model.decoder.step(state, np.array([then]), window.cross)
+        model.decoder.forward(state, np.asarray([tokens]), window, need_logits=False)
+        logits, align = model.decoder.step(state, np.array([then]), window)
     return logits[0], align[0]
 
 
@@ -46,7 +46,7 @@ def fill_rows(model, window, batch, prompts: list[list[int]]) -> None:
     """Each row of ``batch`` decoded through its own prompt, apart (rows at different cache positions)."""
     for r, tokens in enumerate(prompts):
         with model.decoding_state(1) as alone:
-            model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
+            model.decoder.forward(alone, np.asarray([tokens]), window, need_logits=False)
             batch.set_row(r, alone)
 
 
@@ -56,7 +56,7 @@ def test_rows_at_their_own_positions_decode_as_alone(model, window):
     with model.decoding_state(2) as batch:
         fill_rows(model, window, batch, prompts)
         assert list(batch.lengths) == [len(p) for p in prompts]
-        logits, align = model.decoder.step(batch, np.array([nxt, nxt]), window.cross)
+        logits, align = model.decoder.step(batch, np.array([nxt, nxt]), window)
     for r, tokens in enumerate(prompts):
         want_logits, want_align = run_alone(model, window, tokens, nxt)
         np.testing.assert_allclose(logits[r], want_logits, atol=ATOL)
@@ -71,16 +71,16 @@ def test_selected_rows_continue_as_their_sources(model, window):
         fill_rows(model, window, batch, prompts)
         order = np.array([2, 0, 2])
         batch.select(order)
-        logits, _ = model.decoder.step(batch, np.array([nxt] * 3), window.cross)
+        logits, _ = model.decoder.step(batch, np.array([nxt] * 3), window)
     for r, source in enumerate(order):
         np.testing.assert_allclose(logits[r], run_alone(model, window, prompts[source], nxt)[0], atol=ATOL)
 
 
 def test_shared_cross_attention_equals_copies(model, window):
     tokens = np.asarray([prefix(model, 4)] * 3)
-    copies = type(window.cross)({k: np.ascontiguousarray(np.repeat(v, 3, axis=0)) for k, v in window.cross.feeds.items()}, 3)
+    copies = type(window)({k: np.ascontiguousarray(np.repeat(v, 3, axis=0)) for k, v in window.feeds.items()}, 3)
     results = []
-    for cross in (window.cross, copies):
+    for cross in (window, copies):
         with model.decoding_state(3) as state:
             logits, align = model.decoder.forward(state, tokens, cross)
         results.append((logits, align))
@@ -104,7 +104,7 @@ def test_windows_with_their_own_prompts_decode_as_alone(model, monkeypatch):
     prompts = [tok.encode(" He hoped there would be stew for dinner, turnips and carrots and bruised potatoes."),
                None, tok.encode(" Printing.")]
     options = DecodingOptions(language="en")
-    before = {k: v.copy() for k, v in enc.cross.feeds.items()}
+    before = {k: v.copy() for k, v in enc.feeds.items()}
     rows, step = [], model.decoder.step
     monkeypatch.setattr(model.decoder, "step", lambda state, tokens, cross: (rows.append(len(tokens)), step(state, tokens, cross))[1])
     together = decode_windows(model, enc, options, tok, prompts)
@@ -112,7 +112,7 @@ def test_windows_with_their_own_prompts_decode_as_alone(model, monkeypatch):
     batched = rows[rows.index(3) :]  # after the prompts, which run a row at a time
     assert batched[-1] == 1 and batched == sorted(batched, reverse=True), rows
     for name, value in before.items():
-        np.testing.assert_array_equal(enc.cross.feeds[name], value)
+        np.testing.assert_array_equal(enc.feeds[name], value)
     for i, prompt in enumerate(prompts):
         alone = decode(model, enc.row(i), replace(options, prompt=prompt), tok)
         assert together[i].tokens == alone.tokens, names[i]
@@ -164,7 +164,7 @@ def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, wind
     tok = model.tokenizer()
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
     tokens = np.asarray([[*tok.sot_sequence, tok.no_timestamps, *text, tok.eot]])
-    args = (window.cross, len(tok.sot_sequence), np.asarray([text]), tok.eot)
+    args = (window, len(tok.sot_sequence), np.asarray([text]), tok.eot)
     with model.decoding_state(1) as state:
         graph, graph_weights = model.decoder.score(state, tokens, *args)
     with model.decoding_state(1) as state:
@@ -212,7 +212,7 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
     prompt = np.asarray([[tok.sot_prev, *text]])
     scored = np.asarray([[*tok.sot_sequence, tok.no_timestamps, *text, tok.eot]])
-    args = (window.cross, len(tok.sot_sequence), np.asarray([text]), tok.eot)
+    args = (window, len(tok.sot_sequence), np.asarray([text]), tok.eot)
     seen, feeds = [], DecoderState.call_feeds
 
     def runs(any_length_allowed: bool):
@@ -225,7 +225,7 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
         if not any_length_allowed:  # all S positions, as a state of fixed length holds them
             monkeypatch.setattr(model.decoder, "pool", StatePool(lambda batch: DecoderState(model.decoder.layout, batch)))
         with model.decoding_state(1) as state:
-            logits, _ = model.decoder.forward(state, prompt, window.cross)
+            logits, _ = model.decoder.forward(state, prompt, window)
             cache = [c[..., : prompt.shape[1]].copy() for c in (*state.keys, *state.values)]
         with model.decoding_state(1) as state:
             probabilities, weights = model.decoder.score(state, scored, *args)
@@ -251,7 +251,7 @@ def test_a_prompt_skips_the_last_layers_tail_and_writes_the_same_cache(model, wi
     caches = []
     for need_logits in (False, True):
         with model.decoding_state(1) as state:
-            model.decoder.forward(state, prompt, window.cross, need_logits=need_logits)
+            model.decoder.forward(state, prompt, window, need_logits=need_logits)
             caches.append([c[..., : prompt.shape[1]].copy() for c in (*state.keys, *state.values)])
     for skipped, whole in zip(*caches, strict=True):
         np.testing.assert_array_equal(skipped, whole)
@@ -342,8 +342,8 @@ def test_steps_on_a_growing_state_give_what_all_positions_give(model, window, mo
     for pool in (model.decoder.pool, StatePool(lambda batch: DecoderState(model.decoder.layout, batch))):
         monkeypatch.setattr(model.decoder, "pool", pool)
         with model.decoding_state(1) as state:
-            model.decoder.forward(state, prompt, window.cross, need_logits=False)
-            steps = [model.decoder.step(state, nxt[i : i + 1], window.cross) for i in range(len(nxt))]
+            model.decoder.forward(state, prompt, window, need_logits=False)
+            steps = [model.decoder.step(state, nxt[i : i + 1], window) for i in range(len(nxt))]
             n = int(state.lengths[0])
             results.append([*(x for s in steps for x in s), *(c[..., :n].copy() for c in (*state.keys, *state.values))])
     assert n > 2 * CAPACITY_BLOCK

@@ -17,8 +17,8 @@ import numpy as np
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
 from .options import DecodingOptions, token_ids
-from .runtime.decoder import logsumexp
-from .runtime.model import EncodedWindow, WhisperaneModel
+from .runtime.decoder import CrossAttention, logsumexp
+from .runtime.model import WhisperaneModel
 from .runtime.state import DecoderState
 from .tokenizer import Tokenizer
 
@@ -134,12 +134,12 @@ def suppress_token_ids(option: str | Iterable[int] | None, tokenizer: Tokenizer,
 # --- language detection ---------------------------------------------------------------------------------
 
 
-def detect_language(model: WhisperaneModel, enc: EncodedWindow, tokenizer: Tokenizer) -> tuple[str, dict[str, float]]:
+def detect_language(model: WhisperaneModel, enc: CrossAttention, tokenizer: Tokenizer) -> tuple[str, dict[str, float]]:
     """Softmax over the language tokens of the logits after <|startoftranscript|>."""
     if not model.is_multilingual:
         return "en", {"en": 1.0}
     with model.decoding_state(1) as state:
-        logits, _ = model.decoder.step(state, np.array([tokenizer.sot]), enc.cross)
+        logits, _ = model.decoder.step(state, np.array([tokenizer.sot]), enc)
     codes = list(model.info.languages)
     ids = np.array([model.info.languages[c] for c in codes])
     lang_logits = logits[0, ids].astype(np.float64)
@@ -207,7 +207,7 @@ def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tok
     return WindowPlan(initial, sot_index, sample_len, filters)
 
 
-def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions | None = None,
+def decode(model: WhisperaneModel, enc: CrossAttention, options: DecodingOptions | None = None,
            tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:
     """Decode one window whose encoder output is ``enc``."""
     options = options or DecodingOptions()
@@ -225,11 +225,11 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
             hypotheses = _beam_search(model, state, enc, first[0], first[1], plan, tokenizer, options)
         else:
             rows = (np.repeat(first[0][None], n_group, axis=0), np.repeat(first[1][None], n_group, axis=0))
-            hypotheses = _sample_loop(model, state, enc.cross, *rows, plan, tokenizer, options)
+            hypotheses = _sample_loop(model, state, enc, *rows, plan, tokenizer, options)
     return _best_result(hypotheses, tokenizer, options, language_probs, no_speech_prob=first[2])
 
 
-def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions, tokenizer: Tokenizer,
+def decode_windows(model: WhisperaneModel, enc: CrossAttention, options: DecodingOptions, tokenizer: Tokenizer,
                    prompts: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
     """Decode B windows at once (``enc`` holds B encoder outputs), greedily: one decoder call per step for all
     rows, each row at its own cache position with its own window's cross K/V, timestamp rules and stopping
@@ -245,10 +245,10 @@ def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: Decoding
     limits = [sample_room(model, plan.sample_len, plan.sample_begin + len(h)) for h in heads]
     with model.decoding_state(batch) as state:
         if any(heads):
-            _forward_prompts(model, state, heads, enc.cross)
-        logits, align = model.decoder.forward(state, np.repeat(np.asarray([plan.initial]), batch, axis=0), enc.cross)
+            _forward_prompts(model, state, heads, enc)
+        logits, align = model.decoder.forward(state, np.repeat(np.asarray([plan.initial]), batch, axis=0), enc)
         no_speech = np.exp(log_softmax(logits[:, plan.sot_index].astype(np.float64))[:, tokenizer.no_speech])
-        hypotheses = _sample_loop(model, state, enc.cross, logits[:, -1], align[:, :, -1], plan, tokenizer, options,
+        hypotheses = _sample_loop(model, state, enc, logits[:, -1], align[:, :, -1], plan, tokenizer, options,
                                   limits)
     return [_best_result([h], tokenizer, options, None, float(p)) for h, p in zip(hypotheses, no_speech, strict=True)]
 
@@ -283,7 +283,7 @@ def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: De
     )
 
 
-def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, plan: WindowPlan,
+def _prefill(model: WhisperaneModel, state: DecoderState, enc: CrossAttention, plan: WindowPlan,
              tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:
     """Fill the cache with the forced prefix (once, then copied to every row); return (logits that pick the
     first token [V], their alignment row [A, F], no-speech probability). A one-row state (greedy) takes the
@@ -303,8 +303,8 @@ def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, pl
         # no-speech probability at sot, the first token from the last position).
         first = max(plan.sot_index, table_positions)
         if first > table_positions:
-            model.decoder.forward(batch1, np.asarray([initial[table_positions:first]]), enc.cross, need_logits=False)
-        logits, align = model.decoder.forward(batch1, np.asarray([initial[first:]]), enc.cross)
+            model.decoder.forward(batch1, np.asarray([initial[table_positions:first]]), enc, need_logits=False)
+        logits, align = model.decoder.forward(batch1, np.asarray([initial[first:]]), enc)
         if batch1 is not state:
             state.copy_prefix_from(batch1)
     # Row 0 is <|startoftranscript|>'s; with the table, whose positions were never run, it is the first computed
@@ -444,7 +444,7 @@ def _beam_search(model, state, enc, first_logits, first_align, plan: WindowPlan,
         if len(finished) >= max_candidates or i == plan.sample_len - 1 or state.length >= state.layout.length:
             break
         state.select(np.asarray(sources))
-        logits, align = model.decoder.step(state, np.array([h.tokens[-1] for h in beams]), enc.cross)
+        logits, align = model.decoder.step(state, np.array([h.tokens[-1] for h in beams]), enc)
         beams = [Hypothesis(h.tokens, h.sum_logprob, h.token_logprobs, [*h.alignment, align[k]]) for k, h in enumerate(beams)]
     for h in sorted(beams, key=lambda h: h.sum_logprob, reverse=True):  # not enough finished: close open beams
         if len(finished) >= beam:

@@ -28,7 +28,7 @@ from ..audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
 from ..decoding import decode_windows
 from ..options import TranscribeOptions
 from ..result import TranscriptionResult, result_from_segments
-from ..runtime.model import EncodedWindow, WhisperaneModel
+from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, speech_regions
 from ..vad.silero import default_vad
@@ -258,7 +258,7 @@ class _Rounds:
     def _decode(self, batch: list[tuple[SeekLoop, Window]]) -> None:
         model, options = self.model, self.options
         self.rows = model.encode_rows([w.mel for _, w in batch], self.rows)  # one batch of arrays for every step
-        enc = EncodedWindow(self.rows.first_rows(len(batch)))
+        enc = self.rows.first_rows(len(batch))
         if self.tokenizer is None:  # the first step: the language, from the first lane's first window
             self.tokenizer, self.language_probs = choose_language(model, enc.row(0), options)
             self.decoding = options.decoding(options.temperature[0], self.tokenizer.language, None, seed=0)

@@ -20,7 +20,8 @@ from ..decoding import DecodingResult, decode, detect_language
 from ..errors import WhisperaneError
 from ..options import TranscribeOptions
 from ..result import TranscriptionResult, result_from_segments
-from ..runtime.model import EncodedWindow, WhisperaneModel
+from ..runtime.decoder import CrossAttention
+from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 from .guard import VoiceCheck, VoiceRegions, resume_point
 from .hallucinations import get_end, skip_hallucinations
@@ -36,7 +37,7 @@ def empty_result(model: WhisperaneModel, options: TranscribeOptions, duration: f
     return result_from_segments([], model.tokenizer(options.language or "en", options.task), duration, None, options.word_timestamps)
 
 
-def choose_language(model: WhisperaneModel, enc: EncodedWindow | None,
+def choose_language(model: WhisperaneModel, enc: CrossAttention | None,
                     options: TranscribeOptions) -> tuple[Tokenizer, dict[str, float] | None]:
     """The tokenizer of the given language, or of the one detected on ``enc`` (a multilingual model without a
     language; English when there is nothing to detect from: the transcript will be empty), and the detected

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
-from ..runtime.model import EncodedWindow, WhisperaneModel
+from ..runtime.decoder import CrossAttention
+from ..runtime.model import WhisperaneModel
 
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
 
 
 def read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int, file_peak: float | None,
-                 encode: bool = True) -> tuple[EncodedWindow | None, np.ndarray, np.ndarray | None]:
+                 encode: bool = True) -> tuple[CrossAttention | None, np.ndarray, np.ndarray | None]:
     """The window at ``seek``: its encoding (or, without ``encode``, its log-mel for a batch encoded together),
     its samples. Neither for digital silence, where Whisper is known to invent " you" (with a no-speech
     probability that the log-probability rule overrides)."""
@@ -35,7 +36,7 @@ class Window:
 
     seek: int  # mel frame of the window's start
     size: int  # mel frames of audio in the window (less than N_FRAMES at the end or a clip's end)
-    enc: EncodedWindow | None
+    enc: CrossAttention | None
     samples: np.ndarray
     mel: np.ndarray | None = None  # a window read to be encoded with others (SeekLoop.next_window)
 

@@ -14,7 +14,8 @@ import numpy as np
 from .. import timing
 from ..audio import FRAMES_PER_SECOND, SAMPLE_RATE
 from ..options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from ..runtime.model import EncodedWindow, WhisperaneModel
+from ..runtime.decoder import CrossAttention
+from ..runtime.model import WhisperaneModel
 from ..timing import SENTENCE_END_MARKS, WordTiming, merge_punctuations
 from ..tokenizer import Tokenizer
 from ..vad.regions import WINDOW_SAMPLES, SpeechRegion, SpeechTimestampsMap
@@ -22,7 +23,7 @@ from .guard import VoiceCheck
 from .window import Window
 
 
-def teacher_forced(model: WhisperaneModel, enc: EncodedWindow, texts: list[list[int]],
+def teacher_forced(model: WhisperaneModel, enc: CrossAttention, texts: list[list[int]],
                    tokenizer: Tokenizer) -> list[tuple[np.ndarray, np.ndarray]]:
     """(probability of each text token [n], alignment weights [A, T, F]) of each window's text tokens, all
     rows in one decoder call (``enc`` holds one window per row). openai's pass: sot sequence, no_timestamps,
@@ -34,7 +35,7 @@ def teacher_forced(model: WhisperaneModel, enc: EncodedWindow, texts: list[list[
     targets = np.asarray([text + [0] * (scored - len(text)) for text in texts])
     first = len(tokenizer.sot_sequence)  # no_timestamps' position predicts the first text token
     with model.decoding_state(len(sequences)) as state:
-        probs, weights = model.decoder.score(state, tokens, enc.cross, first, targets, tokenizer.eot)
+        probs, weights = model.decoder.score(state, tokens, enc, first, targets, tokenizer.eot)
     rows = enumerate(zip(texts, sequences, strict=True))
     return [(probs[r, : len(text)], weights[r, :, : len(seq)]) for r, (text, seq) in rows]
 

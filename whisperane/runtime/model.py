@@ -11,7 +11,6 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,22 +33,6 @@ from .state import DecoderState
 if TYPE_CHECKING:  # imported for annotations only
     from ..result import TranscriptionResult
     from .sessions import BundleKind, Sessions
-
-
-@dataclass(frozen=True)
-class EncodedWindow:
-    """One encoder call (B windows): the decoder's cross-attention K/V. The encoder's own output
-    (``encoder_output_embeds``) is not fetched: the runtime never reads it, and held it was another [B, d, 1, F]
-    array beside the K/V (batched mode, base, 8 windows: 24.6 MB)."""
-
-    cross: CrossAttention
-
-    @property
-    def batch(self) -> int:
-        return self.cross.batch
-
-    def row(self, i: int) -> EncodedWindow:
-        return EncodedWindow(self.cross.row(i))
 
 
 class WhisperaneModel:
@@ -109,16 +92,17 @@ class WhisperaneModel:
             start += len(samples)
         return peak
 
-    def encode(self, mel: np.ndarray) -> EncodedWindow:
-        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows.
+    def encode(self, mel: np.ndarray) -> CrossAttention:
+        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows (the encoder's own output is not fetched: the
+        runtime never reads it, and held it would be another [B, d, 1, F] array).
 
         The decoder's weights are idle while the encoder runs, and the encoder's until the next window: each
         leaves the resident set while the other works (``Component.release_weights``), so the peak holds one
-        component's weights, not both (JFK peak RSS, whole process: tiny.en 201 -> 168 MiB, base ~276 -> 218 MiB)."""
+        component's weights, not both (benchmarks/results/2026-12-03-session17-avx2.md)."""
         self._sessions.release_decoder_weights()
         out = self._sessions.encoder.run(self._encoder_feeds(mel), self._cross_outputs)
         self._sessions.encoder.release_weights()
-        return EncodedWindow(self._cross(out))
+        return self._cross(out)
 
     def encode_rows(self, mels: Sequence[np.ndarray], into: CrossAttention | None = None) -> CrossAttention:
         """Windows [1, M, 1, 3000] encoded one call each into the first len(mels) rows of ``into``, a batch of
@@ -133,7 +117,7 @@ class WhisperaneModel:
         place: a copy into a new batch each step faults in every page of the new arrays; a reused batch has its
         pages already."""
         if into is None or into.batch < len(mels):
-            first = self.encode(mels[0]).cross
+            first = self.encode(mels[0])
             into = CrossAttention({n: np.empty((len(mels), *a.shape[1:]), a.dtype) for n, a in first.feeds.items()},
                                   len(mels))
             into.set_row(0, first)
@@ -146,7 +130,7 @@ class WhisperaneModel:
 
     def _encode_row(self, mel: np.ndarray, into: CrossAttention, row: int) -> None:
         if not self._cross.in_place:
-            into.set_row(row, self.encode(mel).cross)
+            into.set_row(row, self.encode(mel))
             return
         self._sessions.release_decoder_weights()
         self._sessions.encoder.run_into(self._encoder_feeds(mel), {n: into.feeds[n][row : row + 1] for n in self._cross.names})
