@@ -6,7 +6,7 @@ precision, palettized weights only on request; the decoders' batch of rows (the 
 range, the beam package's 5 rows and states) over batch-1 cross K/V that reach the attention unchanged (no op
 between them and the matmuls can copy them to the rows); the stateful decoder wrapper is checked in torch
 (eager and traced, the graph Core ML receives) against the stateless decoder with host-side cache writes, at 1
-and 5 rows; and the runtime's stateful adapter (decoder.StatefulDecoder: MLState rows, prefix copies, beam
+and 5 rows; and the runtime's stateful adapter (runtime.coreml.StatefulDecoder: MLState rows, prefix copies, beam
 reordering) runs a beam walk over the torch wrapper standing in for Core ML, against the ONNX float32 decoder
 exported from the same weights. On macOS also: each package's predictions against its torch module (PSNR >= 35
 dB), and the beam walk through the Core ML decoders against the ONNX float32 one. The real models' Core ML

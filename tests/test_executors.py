@@ -190,7 +190,7 @@ def test_each_session_releases_only_the_mappings_it_made(encoder_copy):
 
 def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
     """The one-token steps follow one another, so their session's threads wait spinning; every other component's
-    next call is far off, and their spinning slowed the component that runs next (loading.SPINNING_ROLES)."""
+    next call is far off, and their spinning slowed the component that runs next (runtime.sessions.SPINNING_ROLES)."""
     from whisperane.loading import load_model
 
     def spins(component) -> str:

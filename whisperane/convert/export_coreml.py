@@ -27,7 +27,7 @@ Written into the bundle:
   (``StateType`` takes no flexible shape) and every per-row input must match it, so the rows are a fixed
   number: 5, the default beam size and best-of. The runtime runs up to 5 rows in it (rows past a smaller group
   idle: all-zero update mask, so their state never changes) and reorders beams by reading the MLState,
-  gathering the rows on the host and writing it back (``decoder.MLStateRows``);
+  gathering the rows on the host and writing it back (``runtime.coreml.MLStateRows``);
 - with ``palettize`` (4, 6 or 8 bits, on request only): k-means palettized copies of the weight-heavy
   components next to the fp16 ones, ``AudioEncoder.palettized.mlpackage``,
   ``TextDecoder.palettized.mlpackage``, ``TextDecoderStateful.palettized.mlpackage`` and

@@ -168,7 +168,7 @@ class OnnxComponent:
         opts.intra_op_num_threads = threads or 0
         # A session's worker threads spin for a while after each call, waiting for the next one: right for the
         # decoder's back-to-back steps, but a session whose next call is far off spins on a core another session
-        # needs (see loading.SPINNING_ROLES).
+        # needs (see runtime.sessions.SPINNING_ROLES).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
