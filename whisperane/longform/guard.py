@@ -50,7 +50,14 @@ class VoiceCheck:
     """Where Silero VAD hears voice (vad.VOICED) in a stretch of a window, for the seek guard."""
 
     def runs(self, w: Window, start: int, end: int) -> list[tuple[int, int]]:
-        """The voiced runs ``[a, b)`` in ``[start, end)`` of window ``w``, in order (frames from its start)."""
+        """The voiced runs ``[a, b)`` in ``[start, end)`` of window ``w``, in order (frames from its start). The
+        stretch comes from decoded times, which may point anywhere (before the window, past the audio it
+        holds): it is clipped to the window's audio, and an empty stretch has no voice."""
+        start, end = max(0, start), min(end, w.held_frames)
+        return self.voiced_runs(w, start, end) if end > start else []
+
+    def voiced_runs(self, w: Window, start: int, end: int) -> list[tuple[int, int]]:
+        """``runs`` of a stretch inside the window's audio (``0 <= start < end <= w.held_frames``)."""
         raise NotImplementedError
 
     def voice(self, w: Window, start: int, end: int) -> Voice:
@@ -69,7 +76,7 @@ class VoiceOnDemand(VoiceCheck):
     def __init__(self):
         self.unavailable = False
 
-    def runs(self, w, start, end):
+    def voiced_runs(self, w, start, end):
         from ..vad.regions import VOICED, speech_regions
         from ..vad.silero import default_vad
 
@@ -93,7 +100,7 @@ class VoiceRegions(VoiceCheck):
     def __init__(self, frames: list[tuple[int, int]]):
         self.frames = frames
 
-    def runs(self, w, start, end):
+    def voiced_runs(self, w, start, end):
         overlaps = [(max(w.seek + start, a) - w.seek, min(w.seek + end, b) - w.seek) for a, b in self.frames]
         return [(a, b) for a, b in overlaps if b > a]
 

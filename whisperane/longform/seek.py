@@ -183,6 +183,9 @@ class SeekLoop:
                 last_word_end = get_end(segments)
                 if last_word_end is not None and last_word_end > w.time_offset:
                     seek = round(last_word_end * FRAMES_PER_SECOND)
+                    # A segment after the last word lost all its words to the alignment: its audio is decoded
+                    # again from the seek, and kept it would come twice, out of order.
+                    segments = [s for s in segments if s.get("words") or s["start"] < last_word_end]
             if options.hallucination_silence_threshold is not None:
                 seek, segments, skipped = skip_hallucinations(options.hallucination_silence_threshold,
                                                               self.last_speech_timestamp, self.content_frames,
@@ -202,11 +205,12 @@ class SeekLoop:
             self.window_end = resume.unheard_end
         segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
         self.resumed.add(resume.frame)
-        self._commit(w, result, segments, resume.frame)
+        self._commit(w, result, segments, resume.frame, resumed=True)
 
-    def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int) -> None:
-        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on (a seek
-        guard's resume may decode the same window again, once, without the prompt)."""
+    def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int, resumed: bool = False) -> None:
+        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on: past the
+        window's start, unless the seek guard ``resumed`` there (it decodes a window again once, without the
+        prompt, and never guards that window again)."""
         duration = self.stream.n_samples / SAMPLE_RATE
         last_word_end = get_end(segments) if self.options.word_timestamps else None
         if last_word_end is not None:  # of the kept segments: a resumed window is aligned again after them
@@ -220,7 +224,6 @@ class SeekLoop:
                 s["id"] = len(self.all_segments)
                 self.all_segments.append(s)
                 self.all_tokens.extend(s["tokens"])
-        resumed = seek in self.resumed
         if not self.options.condition_on_previous_text or result.temperature > 0.5 or resumed:
             self.prompt_reset_since = len(self.all_tokens)  # no prompt after a high temperature
         self.seek = seek if seek > w.seek or resumed else w.seek + max(w.size, 1)  # never stall

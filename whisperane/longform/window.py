@@ -41,6 +41,11 @@ class Window:
     mel: np.ndarray | None = None  # a window read to be encoded with others (SeekLoop.next_window)
 
     @property
+    def held_frames(self) -> int:
+        """Mel frames of audio the window holds (its last one partial)."""
+        return -(-len(self.samples) // HOP_LENGTH)
+
+    @property
     def is_silence(self) -> bool:
         return self.enc is None and self.mel is None
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import timing
-from ..audio import FRAMES_PER_SECOND, SAMPLE_RATE
+from ..audio import FRAMES_PER_SECOND, INPUT_STRIDE, SAMPLE_RATE
 from ..options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from ..runtime.decoder import CrossAttention
 from ..runtime.model import WhisperaneModel
@@ -43,7 +43,7 @@ def teacher_forced(model: WhisperaneModel, enc: CrossAttention, texts: list[list
 def add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech) -> None:
     """Word timestamps of a window's segments."""
     text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
-    if not text_tokens:
+    if not text_tokens or num_frames < INPUT_STRIDE:  # under one encoder frame of audio: nothing to align to
         for s in segments:
             s["words"] = []
         return
