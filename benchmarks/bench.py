@@ -140,7 +140,7 @@ def run_process(cmd: Sequence[str]) -> Run:
     with tempfile.TemporaryDirectory() as tmp, open(os.path.join(tmp, "stderr"), "w+b") as err:
         report = os.path.join(tmp, "run.json")
         p = subprocess.run([sys.executable, str(RUNNERS), "measure", report, "--", *cmd], cwd=REPO,
-                           stdout=subprocess.DEVNULL, stderr=err, check=False)  # fmt: skip
+                           stdout=subprocess.DEVNULL, stderr=err, check=False)
         err.seek(0)
         tail = err.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
         if not os.path.isfile(report):
@@ -163,7 +163,7 @@ def whisperane_engine(bundle: Path, threads: int, words: bool = True, compute_ty
 
     def command(audio: Path, out_dir: Path) -> list[str]:
         cmd = [sys.executable, "-m", "whisperane", "transcribe", str(audio), "--model", str(bundle), "-o", str(out_dir),
-               "--threads", str(threads), "--overwrite", "--compute-type", compute_type]  # fmt: skip
+               "--threads", str(threads), "--overwrite", "--compute-type", compute_type]
         return cmd if words else [*cmd, "--no-word-timestamps"]
 
     name = "whisperane" + ("" if compute_type == "default" else f" {compute_type}")
@@ -171,10 +171,10 @@ def whisperane_engine(bundle: Path, threads: int, words: bool = True, compute_ty
 
 
 def faster_whisper_engine(model_dir: Path, compute_type: str, threads: int, language: str | None,
-                          words: bool = True) -> Engine:  # fmt: skip
+                          words: bool = True) -> Engine:
     def command(audio: Path, out_dir: Path) -> list[str]:
         cmd = [sys.executable, str(RUNNERS), "faster-whisper", str(audio), str(out_dir / f"{audio.stem}.json"),
-               "--model-path", str(model_dir), "--compute-type", compute_type, "--threads", str(threads)]  # fmt: skip
+               "--model-path", str(model_dir), "--compute-type", compute_type, "--threads", str(threads)]
         if language:
             cmd += ["--language", language]
         return cmd if words else [*cmd, "--no-word-timestamps"]
@@ -266,7 +266,7 @@ class ComponentClock:
         # model's mel and encoder
         self._targets = {"log_mel": (model, "log_mel"), "encode": (model, "encode"),
                          "step": (model.decoder, "step"), "forward_tokens": (model.decoder, "forward"),
-                         "score_tokens": (model.decoder, "score")}  # fmt: skip
+                         "score_tokens": (model.decoder, "score")}
         for name, (owner, attr) in self._targets.items():
             setattr(owner, attr, self._wrap(name, getattr(owner, attr)))
 
@@ -344,9 +344,9 @@ def header(args: argparse.Namespace) -> None:
     emit(f"- CPU: {cpu} ({isa}); {os.cpu_count()} cores; load average {loadavg()}")
     emit(f"- Python {platform.python_version()} on {platform.platform()}")
     emit("- versions: " + ", ".join(f"{p} {version(p)}" for p in ("whisperane", "onnxruntime", "faster-whisper",
-                                                                   "ctranslate2", "numpy")))  # fmt: skip
+                                                                   "ctranslate2", "numpy")))
     emit(f"- settings: models {args.models}; {args.threads} threads; beam 1 (greedy, temperature fallback); "
-         f"word timestamps on unless noted; {'quick' if args.quick else 'full'} run")  # fmt: skip
+         f"word timestamps on unless noted; {'quick' if args.quick else 'full'} run")
 
 
 # --- the benchmark --------------------------------------------------------------------------------------------------
@@ -371,7 +371,7 @@ class Bench:
 
     def bundle(self, model: str) -> Path:
         if model not in self._bundles:
-            from whisperane.bundle import resolve_bundle
+            from whisperane.loading import resolve_bundle
 
             self._bundles[model] = resolve_bundle(model).resolve()  # converts it on first use (minutes)
         return self._bundles[model]
@@ -398,14 +398,14 @@ class Bench:
     def engines(self, model: str, with_no_words: bool) -> list[Engine]:
         t, lang, ct2 = self.args.threads, self.fixed_language(model), self.ct2_dir(model)
         engines = [whisperane_engine(self.bundle(model), t), whisperane_engine(self.bundle(model), t, compute_type="float32"),
-                   faster_whisper_engine(ct2, "int8", t, lang), faster_whisper_engine(ct2, "float32", t, lang)]  # fmt: skip
+                   faster_whisper_engine(ct2, "int8", t, lang), faster_whisper_engine(ct2, "float32", t, lang)]
         if with_no_words:
             engines += [whisperane_engine(self.bundle(model), t, words=False),
-                        faster_whisper_engine(ct2, "int8", t, lang, words=False)]  # fmt: skip
+                        faster_whisper_engine(ct2, "int8", t, lang, words=False)]
         return engines
 
     def measure(self, engines: Sequence[Engine], audio: Path, repeats: int | dict[str, int], tag: str
-                ) -> dict[str, list[Run]]:  # fmt: skip
+                ) -> dict[str, list[Run]]:
         """Each engine ``repeats`` times (a count, or one per engine label), interleaved run by run so that
         background load hits them alike."""
         counts = repeats if isinstance(repeats, dict) else {e.label: repeats for e in engines}
@@ -442,7 +442,7 @@ class Bench:
             long_repeats = {"whisperane": n_long, "faster-whisper int8": n_long, "faster-whisper float32": secondary,
                             "whisperane float32": secondary,
                             "whisperane (no words)": 1 if (i == 0 and not args.quick) or secondary else 0,
-                            "faster-whisper int8 (no words)": secondary}  # fmt: skip
+                            "faster-whisper int8 (no words)": secondary}
             files = [("jfk", jfk.path, jfk.duration, args.repeats), ("long", long.path, long.duration, long_repeats)]
             for name, path, duration, repeats in files:
                 engines = self.engines(model, with_no_words=True)
@@ -463,7 +463,7 @@ class Bench:
                     speedup = f"{peer / wall:.2f}x" if peer and e.words else ""
                     rows.append([*label, f"{wall:.2f}", f"{statistics.median(r.cpu for r in rs):.2f}",
                                  f"{wall / duration:.3f}", f"{max(r.peak_rss_mb for r in rs):.0f}", speedup,
-                                 ", ".join(f"{r.wall:.2f}" for r in rs)])  # fmt: skip
+                                 ", ".join(f"{r.wall:.2f}" for r in rs)])
                     if name == "long" and e.words:
                         t = self.output_of(e, tag, path)
                         if t is not None:
@@ -474,14 +474,14 @@ class Bench:
                     on, off = med.get(engine), med.get(f"{engine} (no words)")
                     if on and off:
                         cost_rows.append([model, name, engine, f"{off:.2f}", f"{on:.2f}", f"{on - off:+.2f}",
-                                          f"{100 * (on - off) / off:+.0f}%"])  # fmt: skip
+                                          f"{100 * (on - off) / off:+.0f}%"])
         emit(f"Median of {args.repeats} runs on JFK; on the long file {n_long} for whisperane and faster-whisper int8 "
              "(the other engines: see `--long-engines`). Runs are interleaved. Wall time includes interpreter start, "
              "imports and model load; RTF = wall / audio duration; CPU s = user + system time of the process (less "
              "sensitive than wall time to other load on the machine); peak RSS = `ru_maxrss` of the process "
-             "(`os.wait4`); speed-up = faster-whisper int8 wall / wall.\n")  # fmt: skip
+             "(`os.wait4`); speed-up = faster-whisper int8 wall / wall.\n")
         emit(table(["model", "file", "engine", "wall s", "CPU s", "RTF", "peak RSS MB", "speed-up vs fw int8",
-                    "runs (s)"], rows))  # fmt: skip
+                    "runs (s)"], rows))
         emit("\n### Cost of word timestamps (issue 4)\n")
         emit("Median wall time of the same engine with word timestamps off and on (same runs as above).\n")
         emit(table(["model", "file", "engine", "no words s", "words s", "difference s", "relative"], cost_rows))
@@ -496,7 +496,7 @@ class Bench:
         emit("Measured by wrapping the loaded model's `log_mel`, `encode`, `step` (one token per sequence) and "
              "`forward` and `score` (prompt/prefix and the word-alignment pass) methods; `rest` is everything else: "
              "audio decoding, logit filters, DTW, Python. Per-window and per-step costs do not depend on the file's "
-             "length, so a 1-minute file built like the long one stands for it.\n")  # fmt: skip
+             "length, so a 1-minute file built like the long one stands for it.\n")
         rows = []
         for model_name in self.models:
             model = load_model(self.bundle(model_name), threads=self.args.threads)
@@ -516,11 +516,11 @@ class Bench:
                     c["step"], f"{1000 * s['step'] / max(c['step'], 1):.2f}",
                     f"{s['log_mel']:.2f} / {s['encode']:.2f} / {s['step']:.2f} / {s['forward_tokens'] + s['score_tokens']:.2f} / {rest:.2f}",
                     f"{total:.2f}", f"{total / duration:.3f}",
-                ])  # fmt: skip
+                ])
             clock.remove()
             del model
         emit(table(["model", "file", "windows", "mel ms/window", "encoder ms/window", "decoder steps", "decoder ms/step",
-                    "s: mel / encoder / steps / multi-token / rest", "total s", "RTF"], rows))  # fmt: skip
+                    "s: mel / encoder / steps / multi-token / rest", "total s", "RTF"], rows))
 
     def transcribe_clips(self, model: str) -> dict[str, dict[str, Transcript]]:
         """Every clip the model can transcribe, in this process: whisperane and faster-whisper int8/float32."""
@@ -553,7 +553,7 @@ class Bench:
         emit("Greedy (beam 1) with the default temperature fallback and word timestamps on; faster-whisper runs the same "
              "CTranslate2 weights the whisperane bundle was converted from. WER after Whisper's English normalizer "
              "(`whisper_normalizer`), then jiwer; totals are corpus-level (all errors / all reference words). Non-English "
-             "clips: BasicTextNormalizer, CER for ja/zh/ko.\n")  # fmt: skip
+             "clips: BasicTextNormalizer, CER for ja/zh/ko.\n")
         engines = ("whisperane", "whisperane float32", "faster-whisper int8", "faster-whisper float32")
         summary = []
         for model in self.models:
@@ -622,7 +622,7 @@ class Bench:
     def words(self) -> None:
         section("Word timing: whisperane vs faster-whisper word timestamps (issue 4)")
         emit("Corpus clips where both produce the same words (compared after stripping spaces); |delta| in ms over all "
-             "their words.\n")  # fmt: skip
+             "their words.\n")
         rows = []
         for model in self.models:
             res = self.transcribe_clips(model)
@@ -641,19 +641,19 @@ class Bench:
                 s, e = 1000 * np.asarray(d_start), 1000 * np.asarray(d_end)
                 rows.append([model, ref, f"{same}/{len(res['whisperane'])}", len(s),
                              f"{np.median(s):.0f}", f"{np.percentile(s, 95):.0f}", f"{s.max():.0f}",
-                             f"{np.median(e):.0f}", f"{np.percentile(e, 95):.0f}", f"{e.max():.0f}"])  # fmt: skip
+                             f"{np.median(e):.0f}", f"{np.percentile(e, 95):.0f}", f"{e.max():.0f}"])
         emit(table(["model", "against", "clips", "words", "median dstart", "p95 dstart", "max dstart", "median dend",
-                    "p95 dend", "max dend"], rows))  # fmt: skip
+                    "p95 dend", "max dend"], rows))
         long = self.long_file(self.args.long_minutes)
         rows = []
         for (model, engine), t in sorted(self.long_outputs.items()):
             rows.append([model, engine, *gap_check(t, long.spans)])
         emit(f"\nLong file ({long.duration / 60:.1f} min, clips {GAP_S} s apart), word timestamps of the speed runs: "
              "words that start inside a gap between clips, and how far each clip's first word starts from the clip's "
-             "start (a clip's words are those whose middle falls inside it).\n")  # fmt: skip
+             "start (a clip's words are those whose middle falls inside it).\n")
         if rows:
             emit(table(["model", "engine", "words", "starts inside a gap", "clips", "median first-word offset ms",
-                        "max ms", "clips > 300 ms"], rows))  # fmt: skip
+                        "max ms", "clips > 300 ms"], rows))
         else:
             emit("_(no long-file transcripts: run with the speed section)_")
 
@@ -671,7 +671,7 @@ class Bench:
                 run = self.measure([engine], f.path, 1, f"rss-{m}")[engine.label][0]
             status = "ok" if run.returncode == 0 else f"failed: {run.stderr_tail}"
             rows.append([model, f"{f.duration / 60:.1f} min", f"{run.wall:.1f}", f"{run.wall / f.duration:.3f}",
-                         f"{run.peak_rss_mb:.0f}", status])  # fmt: skip
+                         f"{run.peak_rss_mb:.0f}", status])
         emit(f"whisperane CLI, one process per file, {args.threads} threads, word timestamps on.\n")
         emit(table(["model", "audio", "wall s", "RTF", "peak RSS MB", "status"], rows))
         files = [self.long_file(1, rotate=r) for r in (0, 5, 10, 15)]
@@ -680,7 +680,7 @@ class Bench:
         for workers in (1, 4):
             out = self.work / f"threads-{workers}.json"
             cmd = [sys.executable, str(RUNNERS), "whisperane-threads", str(out), *(str(f.path) for f in files),
-                   "--model", str(self.bundle(model)), "--threads", str(args.threads), "--workers", str(workers)]  # fmt: skip
+                   "--model", str(self.bundle(model)), "--threads", str(args.threads), "--workers", str(workers)]
             lang = self.fixed_language(model)
             if lang:
                 cmd += ["--language", lang]
@@ -695,7 +695,7 @@ class Bench:
         same = "yes" if len(texts) == 2 and texts[1] == texts[4] else "no"
         emit(f"\n4 different ~1-minute files ({sum(f.duration for f in files) / 60:.1f} min in all), one process, one "
              f"shared model: transcribed one after another (1 worker) and from 4 threads at once. "
-             f"Threaded transcripts identical to the sequential ones: **{same}**.\n")  # fmt: skip
+             f"Threaded transcripts identical to the sequential ones: **{same}**.\n")
         emit(table(["model", "workers", "process wall s", "transcribe wall s", "peak RSS MB", "note"], rows))
 
 
@@ -711,7 +711,7 @@ def gap_check(t: Transcript, spans: Sequence[tuple[float, float]]) -> list[objec
             offsets.append(abs(starts[inside[0]] - s1) * 1000)
     off = np.asarray(offsets) if offsets else np.zeros(1)
     return [len(starts), in_gap, f"{len(offsets)}/{len(spans)}", f"{np.median(off):.0f}", f"{off.max():.0f}",
-            int(np.sum(off > 300))]  # fmt: skip
+            int(np.sum(off > 300))]
 
 
 def long_segments_ok(t: Transcript) -> bool:
@@ -733,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
                    "timestamps for the first model); all: also faster-whisper float32 and int8 without word timestamps")
     p.add_argument("--long-minutes", type=float, default=10.0, help="length of the long English file")
     p.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "whisperane", "bench"),
-                   help="where built audio files are kept")  # fmt: skip
+                   help="where built audio files are kept")
     p.add_argument("--quick", action="store_true",
                    help="tiny.en only, long file: whisperane and faster-whisper int8 once, no 60-minute memory run")
     p.add_argument("--only", choices=SECTIONS, action="append", help="run only this section (repeatable)")

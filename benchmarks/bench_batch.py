@@ -53,7 +53,7 @@ def corpus_clips(languages: set[str] | None) -> list[tuple[str, float]]:
         return [(str(p), soundfile.info(str(p)).duration) for p in sorted((REPO / "tests" / "data").glob("*.flac"))]
     entries = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [(str(CORPUS / e["audio"]), float(e["duration_s"])) for e in entries
-            if languages is None or e["language"] in languages]  # fmt: skip
+            if languages is None or e["language"] in languages]
 
 
 def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
@@ -67,8 +67,8 @@ def run_batch(paths: list[str], model: str, workers: int, threads: int, work: Pa
     out = work / f"out-{workers}x{threads}-{len(paths)}"
     manifest = work / f"manifest-{len(paths)}.jsonl"
     manifest.write_text("".join(json.dumps({"path": p}) + "\n" for p in paths))
-    wall, done = timed([sys.executable, "-m", "whisperane.batch", str(manifest), "--output", str(out), "--model", model,
-                        "--workers", str(workers), "--threads-per-worker", str(threads)])  # fmt: skip
+    wall, done = timed([sys.executable, "-m", "whisperane.ray_batch", str(manifest), "--output", str(out), "--model", model,
+                        "--workers", str(workers), "--threads-per-worker", str(threads)])
     if done.returncode != 0:
         raise SystemExit(f"whisperane batch failed ({done.returncode}): {done.stderr[-2000:]}")
     rows = [json.loads(line) for shard in sorted(out.glob("part-*.jsonl")) for line in shard.open()]
@@ -99,24 +99,24 @@ def report(args: argparse.Namespace) -> str:
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"- model {args.model}; {len(paths)} clips, {audio_s:.1f} s of audio ({args.languages}); whole processes",
         "",
-    ]  # fmt: skip
+    ]
     imp, init, shut = ray_start_cost()
     lines += ["## Ray's fixed cost", "", f"- `import ray` {imp:.1f} s, local `ray.init()` {init:.1f} s, "
-              f"`ray.shutdown()` {shut:.1f} s"]  # fmt: skip
+              f"`ray.shutdown()` {shut:.1f} s"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         one_batch, _ = run_batch([short], args.model, 1, 1, work)
         one_loop, _ = run_loop([short], args.model, 1)
         lines += [f"- one {Path(short).name} clip: `whisperane batch` {one_batch:.1f} s, a plain process "
                   f"{one_loop:.1f} s: **{one_batch - one_loop:.1f} s** of fixed cost", "",
-                  "## Throughput", "", "| runner | wall s | audio s / wall s | texts as the loop's |", "|---|---|---|---|"]  # fmt: skip
+                  "## Throughput", "", "| runner | wall s | audio s / wall s | texts as the loop's |", "|---|---|---|---|"]
         loop_wall, loop_texts = run_loop(paths, args.model, 2)
         lines.append(f"| plain loop over transcribe(), 1 model x 2 threads | {loop_wall:.1f} | {audio_s / loop_wall:.2f} | - |")
         for workers in (1, 2):
             wall, texts = run_batch(paths, args.model, workers, 1, work)
             same = sum(texts.get(p) == loop_texts[p] for p in paths)
             lines.append(f"| whisperane batch, {workers} worker(s) x 1 thread | {wall:.1f} | {audio_s / wall:.2f} | "
-                         f"{same}/{len(paths)} |")  # fmt: skip
+                         f"{same}/{len(paths)} |")
     lines += ["", f"_load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}_", ""]
     return "\n".join(lines)
 

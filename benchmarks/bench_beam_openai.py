@@ -28,7 +28,7 @@ from bench import emit, loadavg, progress, table  # noqa: E402
 from test_beam import TIE_MARGIN, BeamComparison, CorpusClip, compare_with_openai, one_window_clips  # noqa: E402
 
 COLUMNS = ("clip", "language", "audio s", "identical", "first difference (#segment: ours \\| openai)",
-           "openai margin", "whisperane s", "openai s")  # fmt: skip
+           "openai margin", "whisperane s", "openai s")
 
 
 def model_clips(model: str, corpus: Path) -> list[CorpusClip]:
@@ -41,14 +41,14 @@ def report(model: str, comparisons: list[BeamComparison]) -> list[str]:
     """The model's table and a summary line (near-ties: a difference where openai's margin < TIE_MARGIN)."""
     rows = [(c.clip.id, c.clip.language, f"{c.clip.duration:.1f}", "yes" if c.identical else "**no**",
              c.difference.replace("|", "\\|") or "", f"{c.margin:.4f}", f"{c.ours_s:.1f}", f"{c.theirs_s:.1f}")
-            for c in comparisons]  # fmt: skip
+            for c in comparisons]
     differing = [c for c in comparisons if not c.identical]
     near_ties = [c.clip.id for c in differing if c.margin < TIE_MARGIN]
     ours, theirs = sum(c.ours_s for c in comparisons), sum(c.theirs_s for c in comparisons)
     return [f"\n## {model}\n", f"_load average at the end of the section: {loadavg()}_\n", table(COLUMNS, rows), "",
             f"{model}: {len(comparisons)} clips, {len(comparisons) - len(differing)} identical; differing: "
             f"{[c.clip.id for c in differing]}, of which near-ties (margin < {TIE_MARGIN}): {near_ties}; "
-            f"wall s whisperane {ours:.1f}, openai {theirs:.1f}"]  # fmt: skip
+            f"wall s whisperane {ours:.1f}, openai {theirs:.1f}"]
 
 
 def header(models: list[str], corpus: Path) -> list[str]:
@@ -59,7 +59,7 @@ def header(models: list[str], corpus: Path) -> list[str]:
             f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
             f"- machine: {cpu}; {os.cpu_count()} cores; load average {loadavg()}; Python {platform.python_version()}",
             f"- corpus: {corpus}; models {', '.join(models)}; beam 5, temperature 0.0, word timestamps off, "
-            "float32 ONNX (whisperane) against openai-whisper's torch model on the same weights, 2 threads"]  # fmt: skip
+            "float32 ONNX (whisperane) against openai-whisper's torch model on the same weights, 2 threads"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Path(args.corpus).resolve()
     if not (corpus / "manifest.jsonl").is_file():
         p.error(f"{corpus}: no manifest.jsonl (pass --corpus)")
-    from whisperane.bundle import resolve_bundle
     from whisperane.convert.sources import resolve_source
+    from whisperane.loading import resolve_bundle
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     lines = header(models, corpus)

@@ -66,9 +66,9 @@ NOISE_RMS = 0.003  # "low noise": about -50 dBFS white noise
 GAP_SEED = 11
 FW_SEQUENTIAL = "faster-whisper int8"  # the peer the batched section's ratios and WER differences are taken to
 BEAM_COLUMNS = ("model", "file", "engine", "wall s", "CPU s", "peak RSS MB", "WER %", "wall / fw beam 5",
-                "CPU / fw beam 5")  # fmt: skip
+                "CPU / fw beam 5")
 BATCHED_COLUMNS = ("model", "file", "engine", "wall s", "CPU s", "peak RSS MB", "WER %", "clips without words",
-                   "wall / fw seq", "CPU / fw seq")  # fmt: skip
+                   "wall / fw seq", "CPU / fw seq")
 
 
 # --- engines ------------------------------------------------------------------------------------------------------
@@ -81,12 +81,12 @@ def whisperane_with(bundle: Path, threads: int, label: str, extra: Sequence[str]
 
 
 def faster_whisper_with(model_dir: Path, threads: int, language: str | None, beam: int, batch: int, label: str
-                        ) -> Engine:  # fmt: skip
+                        ) -> Engine:
     """faster-whisper int8 in a child process of this script: ``beam`` beams, sequential or batched (``batch`` > 0)."""
 
     def command(audio: Path, out: Path) -> list[str]:
         cmd = [sys.executable, str(THIS), "run-fw", str(audio), str(out / f"{audio.stem}.json"), "--model-path",
-               str(model_dir), "--threads", str(threads), "--beam-size", str(beam), "--batch-size", str(batch)]  # fmt: skip
+               str(model_dir), "--threads", str(threads), "--beam-size", str(beam), "--batch-size", str(batch)]
         return [*cmd, "--language", language] if language else cmd
 
     return Engine(label, command)
@@ -191,7 +191,7 @@ def build_gapped_file(long: LongFile, cache: Path) -> LongFile:
     os.replace(tmp, wav)
     result = LongFile(wav, len(joined) / SAMPLE_RATE, long.reference, tuple(spans))
     meta.write_text(json.dumps({"duration": result.duration, "reference": result.reference, "spans": spans,
-                                "inserted_s": shift}))  # fmt: skip
+                                "inserted_s": shift}))
     return result
 
 
@@ -224,7 +224,7 @@ def clips_without_words(t: Transcript, spans: Sequence[tuple[float, float]]) -> 
 def summary(runs: list[Run]) -> tuple[float, float, float]:
     """(median wall, median CPU, max peak RSS MB)."""
     return (statistics.median(r.wall for r in runs), statistics.median(r.cpu for r in runs),
-            max(r.peak_rss_mb for r in runs))  # fmt: skip
+            max(r.peak_rss_mb for r in runs))
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -236,14 +236,14 @@ class DecodingBench(Bench):
         """(name, path, duration, reference, repeats) of JFK and the long file."""
         jfk, long = self.jfk(), self.long_file(self.args.long_minutes)
         return (("jfk", jfk.path, jfk.duration, jfk.text, self.args.repeats),
-                ("long", long.path, long.duration, long.reference, self.args.long_repeats))  # fmt: skip
+                ("long", long.path, long.duration, long.reference, self.args.long_repeats))
 
     def wer(self, engine: Engine, tag: str, audio: Path, reference: str) -> tuple[str, Transcript | None]:
         t = self.output_of(engine, tag, audio)
         return (pct(*self.scorer.errors(reference, t.text, "en")) if t else "-"), t
 
     def rows_of(self, model: str, name: str, engines: Sequence[Engine], runs: dict[str, list[Run]], peer: str
-                ) -> tuple[list[list[object]], dict[str, tuple[float, float, float]]]:  # fmt: skip
+                ) -> tuple[list[list[object]], dict[str, tuple[float, float, float]]]:
         """Table rows (model, file, engine, wall, CPU, RSS, wall and CPU ratio to ``peer``) and the summaries."""
         ok = {k: summary(v) for k, v in runs.items() if v and all(r.returncode == 0 for r in v)}
         rows = []
@@ -255,7 +255,7 @@ class DecodingBench(Bench):
             wall, cpu, rss = ok[e.label]
             peer_wall, peer_cpu, _ = ok.get(peer, (None, None, None))
             rows.append([model, name, e.label, f"{wall:.2f}", f"{cpu:.2f}", f"{rss:.0f}", ratio(wall, peer_wall),
-                         ratio(cpu, peer_cpu)])  # fmt: skip
+                         ratio(cpu, peer_cpu)])
         return rows, ok
 
     def beam(self) -> None:
@@ -265,12 +265,12 @@ class DecodingBench(Bench):
             lang, bundle, ct2 = self.fixed_language(model), self.bundle(model), self.ct2_dir(model)
             engines = [whisperane_engine(bundle, t), whisperane_with(bundle, t, "whisperane beam 5", ["--beam-size", "5"]),
                        faster_whisper_with(ct2, t, lang, 5, 0, "faster-whisper int8 beam 5"),
-                       faster_whisper_with(ct2, t, lang, 1, 0, "faster-whisper int8 greedy")]  # fmt: skip
+                       faster_whisper_with(ct2, t, lang, 1, 0, "faster-whisper int8 greedy")]
             for name, path, duration, reference, repeats in self.files():
                 tag = f"beam-{model}-{name}"
                 runs = self.measure(engines, path, repeats, tag)
                 table_rows, ok = self.rows_of(model, f"{name} ({duration:.0f} s)", engines, runs,
-                                              "faster-whisper int8 beam 5")  # fmt: skip
+                                              "faster-whisper int8 beam 5")
                 for row, e in zip(table_rows, engines, strict=True):
                     row.insert(6, self.wer(e, tag, path, reference)[0])
                 # one table per model and file, so that a run cut short keeps what it measured
@@ -278,7 +278,7 @@ class DecodingBench(Bench):
                 greedy, beam = ok.get("whisperane"), ok.get("whisperane beam 5")
                 if greedy and beam:
                     emit(f"whisperane beam 5 / greedy ({model}, {name}; goal on the long file: <= 1.5x): wall "
-                         f"**{ratio(beam[0], greedy[0])}x**, CPU {ratio(beam[1], greedy[1])}x\n")  # fmt: skip
+                         f"**{ratio(beam[0], greedy[0])}x**, CPU {ratio(beam[1], greedy[1])}x\n")
                 progress(f"{tag} done; load average {loadavg()}")
 
     def batched(self) -> None:
@@ -289,14 +289,14 @@ class DecodingBench(Bench):
              f"{gapped.duration - long.duration:.0f} s of 2-10 s gaps (digital silence and white noise at RMS "
              f"{NOISE_RMS}, in turn) inserted after randomly chosen clips ({gapped.duration:.0f} s, "
              f"{100 * (gapped.duration - long.duration) / gapped.duration:.0f} % inserted). All engines greedy "
-             f"(beam 1, the default temperature fallback).\n")  # fmt: skip
+             f"(beam 1, the default temperature fallback).\n")
         for model in self.models:
             engines = self.batched_engines(model)
             for name, built in (("long", long), ("gapped", gapped)):
                 tag = f"batched-{model}-{name}"
                 runs = self.measure(engines, built.path, self.args.long_repeats, tag)
                 table_rows, _ = self.rows_of(model, f"{name} ({built.duration:.0f} s)", engines, runs,
-                                             FW_SEQUENTIAL)  # fmt: skip
+                                             FW_SEQUENTIAL)
                 for row, e in zip(table_rows, engines, strict=True):
                     wer, transcript = self.wer(e, tag, built.path, built.reference)
                     empty = (
@@ -315,7 +315,7 @@ class DecodingBench(Bench):
         return [whisperane_with(bundle, t, "whisperane batched 8", ["--batch-size", "8"]),
                 whisperane_engine(bundle, t),
                 faster_whisper_with(ct2, t, lang, 1, 0, FW_SEQUENTIAL),
-                faster_whisper_with(ct2, t, lang, 1, 8, "faster-whisper int8 batched 8")]  # fmt: skip
+                faster_whisper_with(ct2, t, lang, 1, 8, "faster-whisper int8 batched 8")]
 
     def pooled_wer(self, model: str, engines: Sequence[Engine], long_tag: str) -> None:
         """Every engine once on ``--wer-orders`` long files, the same clips in rotated orders (rotation 0 is the
@@ -343,11 +343,11 @@ class DecodingBench(Bench):
         rows = [[model, label, *(pct(*x) if x else "-" for x in v),
                  "-" if pooled[label] is None else f"{pooled[label]:.2f}",
                  "" if pooled[label] is None or peer is None else f"{pooled[label] - peer:+.2f}",
-                 f"{empty[label]}/{clips}"] for label, v in errors.items()]  # fmt: skip
+                 f"{empty[label]}/{clips}"] for label, v in errors.items()]
         emit(f"WER over {len(rotations)} orders of the long file's clips (rotations {', '.join(map(str, rotations))} "
-             f"of the {n} English clips), each engine once per order:\n")  # fmt: skip
+             f"of the {n} English clips), each engine once per order:\n")
         emit(table(("model", "engine", *(f"WER % order {r}" for r in rotations), "pooled WER %",
-                    "pooled - fw seq, points", "clips without words"), rows) + "\n")  # fmt: skip
+                    "pooled - fw seq, points", "clips without words"), rows) + "\n")
 
     def threads(self) -> None:
         section("Two threads on one loaded model (issue 10)")
@@ -357,7 +357,7 @@ class DecodingBench(Bench):
         for model in self.models[:1]:
             out = self.work / f"threads-{model}.json"
             cmd = [sys.executable, str(THIS), "run-threads", str(out), "--model", str(self.bundle(model)),
-                   "--warmup", str(self.jfk().path), *map(str, halves)]  # fmt: skip
+                   "--warmup", str(self.jfk().path), *map(str, halves)]
             run = run_process(cmd)
             if run.returncode != 0 or not out.is_file():
                 rows.append([model, "failed", "", "", "", "", run.stderr_tail[:120]])
@@ -365,14 +365,14 @@ class DecodingBench(Bench):
             r = json.loads(out.read_text(encoding="utf-8"))
             seq, par = r["sequential"], r["threads"]
             rows.append([model, f"{seq['wall_s']:.1f}", f"{par['wall_s']:.1f}", f"**{par['wall_s'] / seq['wall_s']:.2f}**",
-                         f"{seq['cpu_s']:.1f}", f"{par['cpu_s']:.1f}", "yes" if r["identical"] else "**no**"])  # fmt: skip
+                         f"{seq['cpu_s']:.1f}", f"{par['cpu_s']:.1f}", "yes" if r["identical"] else "**no**"])
             progress(f"threads {model}: {rows[-1]}")
         emit(f"Two files, the halves of the long file ({long.duration / 2 / 60:.1f} min each), one model loaded with "
              "threads=1 in one process (after a warm-up call on JFK): one after the other, then from two Python "
              "threads at once. CPU s: the process's user + system time in each phase. Identical: every result's "
-             "JSON (text, segments, words) equal between the phases.\n")  # fmt: skip
+             "JSON (text, segments, words) equal between the phases.\n")
         emit(table(["model", "sequential wall s", "2 threads wall s", "ratio (goal <= 0.6)", "sequential CPU s",
-                    "2 threads CPU s", "identical"], rows))  # fmt: skip
+                    "2 threads CPU s", "identical"], rows))
 
 
 def header(args: argparse.Namespace) -> None:
@@ -394,7 +394,7 @@ def header(args: argparse.Namespace) -> None:
     emit(f"- CPU: {cpu}; {os.cpu_count()} cores; load average {loadavg()}")
     emit(f"- Python {platform.python_version()} on {platform.platform()}")
     emit("- versions: " + ", ".join(f"{p} {version(p)}" for p in ("whisperane", "onnxruntime", "faster-whisper",
-                                                                   "ctranslate2", "numpy")))  # fmt: skip
+                                                                   "ctranslate2", "numpy")))
     emit(
         f"- settings: models {args.models}; {args.threads} threads; word timestamps on; JFK runs: median of "
         f"{args.repeats}; long files ({args.long_minutes:g} min): median of {args.long_repeats}; "
@@ -410,7 +410,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated model names (default: tiny.en,base; tiny.en with --quick)",
     )
     p.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared" / "corpus"),
-                   help="directory holding manifest.jsonl")  # fmt: skip
+                   help="directory holding manifest.jsonl")
     p.add_argument("--threads", type=int, default=2, help="CPU threads for every engine")
     p.add_argument("--repeats", type=int, default=3, help="runs per engine on JFK (median reported)")
     p.add_argument("--long-repeats", type=int, default=1, help="runs per engine on the long files (median reported)")
@@ -421,7 +421,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="length of the long English file (default 10; 3 with --quick)",
     )
     p.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "whisperane", "bench"),
-                   help="where built audio files are kept")  # fmt: skip
+                   help="where built audio files are kept")
     p.add_argument("--wer-orders", type=int, default=4,
                    help="batched: long files of the clips in this many orders for a pooled WER (1: the long file only)")
     p.add_argument("--quick", action="store_true", help="tiny.en, JFK and a 3-minute file")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import platform
 import sys
 import time
@@ -35,7 +34,9 @@ class VadCalls:
     the rule for segments at one instant call)."""
 
     def __init__(self):
-        self.module = importlib.import_module("whisperane.transcribe")
+        from whisperane.longform import guard
+
+        self.module = guard
         self.original = self.module.VoiceOnDemand.runs
         self.calls: list[float] = []
         clock = self
@@ -75,7 +76,7 @@ def main() -> None:
              "", f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()} {platform.processor() or ''}, "
              f"2 threads, word timestamps on, load at start {loadavg()}", "",
              "| configuration | WER % | clips without words | wall s | CPU s | VAD runs | VAD CPU s |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|"]
     for label, compute_type, beam, guard in CONFIGS:
         if compute_type not in models:
             models[compute_type] = whisperane.load_model(args.model, threads=2, compute_type=compute_type)
@@ -85,7 +86,7 @@ def main() -> None:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         errors, total = scorer.errors(long_file.reference, result.text, "en")
         row = (f"| {label} | {100 * errors / total:.2f} | {clips_without_words(result, long_file.spans)} | "
-               f"{wall:.1f} | {cpu:.1f} | {len(vad.calls)} | {sum(vad.calls):.2f} |")  # fmt: skip
+               f"{wall:.1f} | {cpu:.1f} | {len(vad.calls)} | {sum(vad.calls):.2f} |")
         print(row, flush=True)
         lines.append(row)
     lines += ["", f"load at end {loadavg()}"]

@@ -94,7 +94,7 @@ def summary_row(label: str, r: Readings, f32: Readings, clips, long_files, score
     wordless = sum(r.long[n][2] for n in long_files)
     return [label, f"{clip_wer:.2f} ({clip_wer - f32_clip:+.2f})", f"{long_wer:.2f} ({long_wer - f32_long:+.2f})",
             f"{identical}/{len(clips)}", f"{np.median(diffs):.0f} / {np.percentile(diffs, 95):.0f}",
-            f"{wordless} (float32 {sum(f32.long[n][2] for n in long_files)})"]  # fmt: skip
+            f"{wordless} (float32 {sum(f32.long[n][2] for n in long_files)})"]
 
 
 def main() -> None:
@@ -110,17 +110,17 @@ def main() -> None:
     clips = [c for c in load_corpus(args.corpus) if c.language == "en"]
     step = max(1, len(clips) // args.orders)
     long_files = {f"order {i}": build_long_file(clips, 60 * args.minutes, args.cache, rotate=i * step)
-                  for i in range(args.orders)}  # fmt: skip
+                  for i in range(args.orders)}
     builds = [("float32", args.float32, "float32"), ("today's int8", args.float32, "int8")]
     for spec in args.candidate:
         label, _, where = spec.partition("=")
         path, _, ctype = where.partition(":")
         builds.append((label, Path(path), ctype or "int8"))
     print(f"# Precision guard, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
-          f"load {loadavg()}\n")  # fmt: skip
+          f"load {loadavg()}\n")
     print(f"{len(clips)} English corpus clips; long files: {args.orders} orders x {args.minutes:g} min "
           f"({', '.join(f'{f.duration:.0f} s' for f in long_files.values())}); greedy, word timestamps, "
-          f"{args.threads} threads.\n")  # fmt: skip
+          f"{args.threads} threads.\n")
     readings = {label: read_build(path, ctype, clips, long_files, args.threads) for label, path, ctype in builds}
     scorer = Scorer()
     print("| build | clips WER % (vs float32) | long WER % (vs float32) | clips identical to float32 | "

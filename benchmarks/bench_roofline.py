@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from whisperane.decoder import CAPACITY_BLOCK, capacity_for
+from whisperane.runtime.state import CAPACITY_BLOCK, capacity_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,7 +68,7 @@ PROMPT_TOKENS = 224  # the longest previous-text prompt (n_text_ctx // 2)
 LONG_SECONDS = 600  # the default long file: the English corpus clips built into >= 10 minutes, as bench.py does
 QUICK_SECONDS = 120
 WARMUP_SECONDS = 30
-ALIGNMENT_CALLERS = ("teacher_forced",)  # transcribe.py's word-alignment pass, the only such decoder call
+ALIGNMENT_PASS = [False]  # set while longform.words.teacher_forced (the word-alignment pass) runs
 MB = 1e6
 
 
@@ -129,7 +129,7 @@ class Probe:
         """Weights in their stored precision (with scales) plus the float32 input; None for a conv."""
         weights = {"float32": FLOAT * self.k * self.n, "int8": self.k * self.n + FLOAT * self.n,
                    "nbits": self.k * self.n * (1 + FLOAT / NBITS_BLOCK),
-                   "attention": FLOAT * self.batch * self.k * self.n}.get(self.kind)  # fmt: skip
+                   "attention": FLOAT * self.batch * self.k * self.n}.get(self.kind)
         return None if weights is None else weights + FLOAT * self.batch * self.m * self.k
 
     @property
@@ -160,7 +160,7 @@ def _int8_graph(p: Probe, rng: np.random.Generator) -> tuple[list, dict, dict]:
     from onnx import TensorProto, helper
 
     weights = {"w": rng.integers(-64, 64, (p.k, p.n), dtype=np.int8), "w_zero": np.zeros(p.n, np.int8),
-               "w_scale": np.full(p.n, 0.01, np.float32), "bias": np.zeros(p.n, np.float32)}  # fmt: skip
+               "w_scale": np.full(p.n, 0.01, np.float32), "bias": np.zeros(p.n, np.float32)}
     nodes = [
         helper.make_node("DynamicQuantizeLinear", ["a"], ["a_q", "a_scale", "a_zero"]),
         helper.make_node("MatMulInteger", ["a_q", "w", "a_zero", "w_zero"], ["y_int"]),
@@ -177,9 +177,9 @@ def _nbits_graph(p: Probe, rng: np.random.Generator) -> tuple[list, dict, dict]:
 
     blocks = p.k // NBITS_BLOCK
     weights = {"w": rng.integers(0, 256, (p.n, blocks, NBITS_BLOCK), dtype=np.uint8),
-               "w_scale": np.full((p.n, blocks), 0.01, np.float32)}  # fmt: skip
+               "w_scale": np.full((p.n, blocks), 0.01, np.float32)}
     node = helper.make_node("MatMulNBits", ["a", "w", "w_scale"], ["y"], domain="com.microsoft", K=p.k, N=p.n,
-                            bits=8, block_size=NBITS_BLOCK, accuracy_level=NBITS_ACCURACY)  # fmt: skip
+                            bits=8, block_size=NBITS_BLOCK, accuracy_level=NBITS_ACCURACY)
     return [node], weights, {}
 
 
@@ -195,7 +195,7 @@ def _conv_graph(p: Probe, rng: np.random.Generator) -> tuple[list, dict, dict]:
 
     weights = {"w": rng.standard_normal((p.n, p.k // 3, 1, 3), np.float32), "bias": np.zeros(p.n, np.float32)}
     node = helper.make_node("Conv", ["a", "w", "bias"], ["y"], kernel_shape=[1, 3], pads=[0, 1, 0, 1],
-                            strides=[1, p.stride])  # fmt: skip
+                            strides=[1, p.stride])
     return [node], weights, {}
 
 
@@ -207,7 +207,7 @@ def _identity_graph(p: Probe, rng: np.random.Generator) -> tuple[list, dict, dic
 
 
 PROBE_GRAPHS = {"float32": _float32_graph, "int8": _int8_graph, "nbits": _nbits_graph,
-                "attention": _attention_graph, "conv": _conv_graph, "identity": _identity_graph}  # fmt: skip
+                "attention": _attention_graph, "conv": _conv_graph, "identity": _identity_graph}
 RUN_OVERHEAD_REPEATS = 50
 
 
@@ -223,7 +223,7 @@ def probe_session(p: Probe, threads: int):
         nodes, "probe", [helper.make_tensor_value_info(name, TensorProto.FLOAT, x.shape) for name, x in inputs.items()],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(x, name) for name, x in weights.items()],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9
     opts = ort.SessionOptions()
@@ -303,7 +303,7 @@ class Shapes:
 
     @classmethod
     def of_bundle(cls, bundle: Path) -> Shapes:
-        from whisperane.bundle import BundleInfo
+        from whisperane.runtime.bundle import BundleInfo
 
         info = BundleInfo.load(bundle)
         dims, files = info.dims, info.config["components"]
@@ -311,7 +311,7 @@ class Shapes:
                    dims.n_mels, dims.n_vocab, info.cache_length,
                    read_graph(bundle / files["AudioEncoder"]["onnx-int8"], dims.n_vocab),
                    read_graph(bundle / files["TextDecoderSequence"]["onnx-int8"], dims.n_vocab),
-                   info.config.get("conversion_options", {}).get("converter_revision", 0) >= TAIL_REVISION)  # fmt: skip
+                   info.config.get("conversion_options", {}).get("converter_revision", 0) >= TAIL_REVISION)
 
     def decoder_gemms(self, logits: bool) -> Counter:
         """The decoder's GEMMs that a call runs, (kind, K, N) -> count: a call with no logits runs no vocabulary
@@ -352,17 +352,17 @@ def encoder_ops(s: Shapes) -> list[tuple[str, Probe, int]]:
     """One encoder window's operations that carry its FLOPs: (label, the probe at its shape, count)."""
     head = s.d // s.heads
     ops = [("conv stem 1 (float32)", Probe("conv", 2 * s.frames, 3 * s.mels, s.d), 1),
-           ("conv stem 2, stride 2 (float32)", Probe("conv", s.frames, 3 * s.d, s.d, stride=2), 1)]  # fmt: skip
+           ("conv stem 2, stride 2 (float32)", Probe("conv", s.frames, 3 * s.d, s.d, stride=2), 1)]
     for (kind, k, n), count in sorted(s.encoder.gemms.items()):
         ops.append((f"{gemm_role(s, k, n)} ({kind})", Probe(kind, s.frames, k, n), count))
     ops += [("attention QK^T (float32)", Probe("attention", s.frames, head, s.frames, batch=s.heads), s.encoder_layers),
-            ("attention AV (float32)", Probe("attention", s.frames, s.frames, head, batch=s.heads), s.encoder_layers)]  # fmt: skip
+            ("attention AV (float32)", Probe("attention", s.frames, s.frames, head, batch=s.heads), s.encoder_layers)]
     return ops
 
 
 def gemm_role(s: Shapes, k: int, n: int) -> str:
     roles = {(s.d, s.d): "d->d: attention projections", (s.d, 4 * s.d): "d->4d: MLP fc1",
-             (4 * s.d, s.d): "4d->d: MLP fc2", (s.d, s.vocab): "d->V: vocabulary projection"}  # fmt: skip
+             (4 * s.d, s.d): "4d->d: MLP fc2", (s.d, s.vocab): "d->V: vocabulary projection"}
     return roles.get((k, n), f"{k}->{n}")
 
 
@@ -466,14 +466,8 @@ def describe_call(method: str, args: tuple, kwargs: dict) -> DecoderCall:
         return DecoderCall("alignment", tokens.shape[0], tokens.shape[1], int(state.lengths.max()), True)
     logits = method == "step" or bool(kwargs.get("need_logits", args[3] if len(args) > 3 else True))
     kind = "step" if method == "step" else "prefix" if logits else "prompt"
-    frame = sys._getframe(2)  # the caller of the wrapped method
-    for _ in range(8):
-        if kind == "step" or frame is None:
-            break
-        if frame.f_code.co_name in ALIGNMENT_CALLERS:
-            kind = "alignment"
-            break
-        frame = frame.f_back
+    if kind != "step" and ALIGNMENT_PASS[0]:
+        kind = "alignment"
     count = tokens.shape[1] if tokens.ndim > 1 else 1
     return DecoderCall(kind, tokens.shape[0], count, int(state.lengths.max()), logits)
 
@@ -488,6 +482,7 @@ class SplitClock(ComponentClock):
 
     def __init__(self, model):
         from whisperane import timing
+        from whisperane.longform import words
 
         self.durations: dict[str, list[float]] = {name: [] for name in self.METHODS}
         self.cpu: dict[str, list[float]] = {name: [] for name in self.METHODS}
@@ -495,6 +490,16 @@ class SplitClock(ComponentClock):
         super().__init__(model)
         self._timing, self._find_alignment = timing, timing.find_alignment
         timing.find_alignment = self._wrap("word_timing", timing.find_alignment)
+        self._words, self._teacher_forced = words, words.teacher_forced
+
+        def alignment_pass(*args, **kwargs):
+            ALIGNMENT_PASS[0] = True
+            try:
+                return self._teacher_forced(*args, **kwargs)
+            finally:
+                ALIGNMENT_PASS[0] = False
+
+        words.teacher_forced = alignment_pass
 
     def _wrap(self, name: str, fn):
         timed = super()._wrap(name, fn)
@@ -524,6 +529,7 @@ class SplitClock(ComponentClock):
     def remove(self) -> None:
         super().remove()
         self._timing.find_alignment = self._find_alignment
+        self._words.teacher_forced = self._teacher_forced
 
 
 @dataclass(frozen=True)
@@ -578,7 +584,7 @@ def print_bandwidth(threads: int, repeats: int) -> tuple[float, float]:
         progress(f"read {mib} MiB: {', '.join(f'{r:.1f}' for r in rates)} GB/s")
     dram, cached = found
     emit("numpy's max over a float32 array (a SIMD reduction, no BLAS), T threads reading T parts at once, best "
-         f"of {repeats}. The memory limits below use the DRAM figure at {threads} thread(s): {dram:.1f} GB/s.\n")  # fmt: skip
+         f"of {repeats}. The memory limits below use the DRAM figure at {threads} thread(s): {dram:.1f} GB/s.\n")
     emit(table(["array", "where it lives", *(f"GB/s, {t} thread{'s' * (t > 1)}" for t in counts)], rows))
     return dram, cached
 
@@ -592,14 +598,14 @@ def print_probes(s: Shapes, rates: Rates, threads: int) -> None:
          "projection would have as a per-token int8 MatMul (7-bit weights, as AVX2's u8 x s8 pair sums need); GB/s: weights "
          "(stored precision, with scales) and float32 input over the best time; cold: a 128 MiB read between "
          f"runs evicts the weights first. Times are net of one empty `session.run` ({1e6 * rates.overhead:.0f} us, "
-         "an Identity graph).\n")  # fmt: skip
+         "an Identity graph).\n")
     rows = []
     for p, seconds in rates.best.items():
         shape = f"{p.batch} x " if p.batch > 1 else ""
         gbs = p.bytes_read / seconds / 1e9 if p.bytes_read else None
         rows.append([KERNELS[p.kind] + (" (cold)" if p.cold else ""), gemm_role(s, p.k, p.n) if p.kind in
                      ("float32", "int8", "nbits") else "", f"{shape}{p.m} x {p.k} x {p.n}", f"{p.flops / 1e9:.3f}",
-                     ms(seconds), f"{p.flops / seconds / 1e9:.1f}", f"{gbs:.1f}" if gbs else ""])  # fmt: skip
+                     ms(seconds), f"{p.flops / seconds / 1e9:.1f}", f"{gbs:.1f}" if gbs else ""])
     emit(table(["kernel", "role", "M x K x N", "GFLOP", "best ms", "GFLOP/s", "GB/s"], rows))
 
 
@@ -610,7 +616,7 @@ def print_encoder_work(s: Shapes, rates: Rates) -> float:
     for label, p, count in encoder_ops(s):
         flops, limit = flops + count * p.flops, limit + count * rates.best[p]
         rows.append([label, count, f"{count * p.flops / 1e9:.2f}", f"{p.flops / rates.best[p] / 1e9:.1f}",
-                     ms(count * rates.best[p])])  # fmt: skip
+                     ms(count * rates.best[p])])
     rows.append(["**total**", "", f"**{flops / 1e9:.2f}**", f"{flops / limit / 1e9:.1f}", f"**{ms(limit)}**"])
     emit(table(["operation", "count", "GFLOP", "probed GFLOP/s", "ms at that rate"], rows))
     emit("\nThe limit counts the convs, GEMMs and attention products only (not softmax, GELU, LayerNorm, "
@@ -632,7 +638,7 @@ def print_decoder_work(s: Shapes, rates: Rates, bandwidths: tuple[float, float],
          f"those reached rounded up to blocks of {CAPACITY_BLOCK}; the step attends over all it holds)", s.self_cache_bytes(held)),
         (f"... the part filled at the run's mean step position ({position:.0f})", 2 * s.decoder_layers * s.d * position * FLOAT),
         (f"cross-attention K/V (float32 [1, {s.d}, 1, {s.frames}], K and V, {s.decoder_layers} layers)", s.cross_bytes),
-    ]  # fmt: skip
+    ]
     rows = [[label, f"{size / MB:.1f}"] for label, size in items]
     rows.append(["**total read** (weights, caches as held, cross K/V)", f"**{total / MB:.1f}**"])
     rows.append([f"at {bandwidth:.1f} GB/s (DRAM, the memory limit of a step), ms", ms(total / (bandwidth * 1e9))])
@@ -641,11 +647,11 @@ def print_decoder_work(s: Shapes, rates: Rates, bandwidths: tuple[float, float],
     emit("\n### FLOPs of the decoder calls (one row)\n")
     cases = [("previous-text prompt, longest (cache only, no logits)", PROMPT_TOKENS, False, 0)]
     for kind, label in (("prompt", "previous-text prompt, mean of the run"), ("prefix", "prefix from sot, mean of the run"),
-                        ("alignment", "word-alignment pass, mean of the run")):  # fmt: skip
+                        ("alignment", "word-alignment pass, mean of the run")):
         of_kind = [c for c in calls if c.kind == kind]
         if of_kind:
             cases.append((label, round(statistics.mean(c.tokens for c in of_kind)), of_kind[0].logits,
-                          statistics.mean(c.position for c in of_kind)))  # fmt: skip
+                          statistics.mean(c.position for c in of_kind)))
     cases.append(("one-token step", 1, True, position))
     rows = []
     for label, tokens, logits, at in cases:
@@ -653,14 +659,14 @@ def print_decoder_work(s: Shapes, rates: Rates, bandwidths: tuple[float, float],
         limit = decoder_limit(s, rates, bandwidth, 1, tokens, logits, at)
         rows.append([label, tokens, f"{linear / 1e9:.3f}", f"{attention / 1e9:.3f}", f"{vocab / 1e9:.3f}",
                      f"{(linear + attention + vocab) / 1e9:.3f}", ms(limit.compute), ms(limit.memory),
-                     f"{ms(limit.seconds)} ({limit.bound})", ms(limit.kernels)])  # fmt: skip
+                     f"{ms(limit.seconds)} ({limit.bound})", ms(limit.kernels)])
     emit(table(["call", "tokens", "GFLOP linear", "GFLOP attention", "GFLOP vocabulary", "GFLOP total",
-                "compute ms", "memory ms", "limit ms", "ORT kernels alone ms"], rows))  # fmt: skip
+                "compute ms", "memory ms", "limit ms", "ORT kernels alone ms"], rows))
     emit(f"\nCompute: the MatMulNBits at the rate of the probe of nearest M among M >= {COMPUTE_M} (compute-bound), "
          "attention at the encoder QK^T's float32 rate. Memory: the bytes above at the DRAM bandwidth (without the "
          "vocabulary projection when no logits are asked for: the graph skips it, given no logit_positions). The limit is the "
          "larger. ORT kernels alone: the probes at the nearest M, small M included (what the kernels reach on "
-         "their own, one call each).")  # fmt: skip
+         "their own, one call each).")
 
 
 @dataclass(frozen=True)
@@ -677,13 +683,13 @@ class Part:
         d, total = self.durations, sum(self.durations)
         cells = [self.label, len(d) or "", self.tokens,
                  f"{ms(total / len(d))} / {ms(statistics.median(d))}" if d else "",
-                 ms(statistics.median(self.cpu)) if self.cpu else "", ms(total / windows)]  # fmt: skip
+                 ms(statistics.median(self.cpu)) if self.cpu else "", ms(total / windows)]
         if self.limits:
             limit = sum(lim.seconds for lim in self.limits)
             bound = Counter(lim.bound for lim in self.limits).most_common(1)[0][0]
             median = statistics.median(lim.seconds / t for lim, t in zip(self.limits, d, strict=True))
             cells += [f"{ms(limit / len(d))} ({bound})", f"{percent(limit, total)} / {100 * median:.0f} %",
-                      ms(sum(lim.kernels for lim in self.limits) / len(d))]  # fmt: skip
+                      ms(sum(lim.kernels for lim in self.limits) / len(d))]
         else:
             cells += ["", "", ""]
         return [*cells, f"{total:.2f}", f"{100 * total / wall:.0f} %"]
@@ -692,7 +698,7 @@ class Part:
 def split_parts(s: Shapes, split: Split, encoder_limit: float, rates: Rates, bandwidth: float) -> list[Part]:
     t, cpu = split.durations, split.cpu
     parts = [Part("mel (log_mel, with the file-peak pass)", t["log_mel"], cpu["log_mel"]),
-             Part("encoder", t["encode"], cpu["encode"], limits=[Limit(encoder_limit, 0.0, encoder_limit)] * len(t["encode"]))]  # fmt: skip
+             Part("encoder", t["encode"], cpu["encode"], limits=[Limit(encoder_limit, 0.0, encoder_limit)] * len(t["encode"]))]
     labels = {"step": "decoder one-token step", "prompt": "decoder: previous-text prompt (no logits)",
               "prefix": "decoder: prefix from sot (logits)", "alignment": "decoder: word-alignment pass (logits)"}
     for kind, label in labels.items():
@@ -714,22 +720,22 @@ def print_split(s: Shapes, split: Split, encoder_limit: float, rates: Rates, ban
     rows = [part.row(windows, wall) for part in split_parts(s, split, encoder_limit, rates, bandwidth)]
     rows[-1][1:5] = ["", "", "", ""]  # the rest is no call
     rows.append(["**total**", "", "", "", "", ms(wall / windows), "", "", "", f"**{wall:.2f}** (CPU {split.cpu_total:.2f})",
-                 f"RTF {wall / duration:.3f}"])  # fmt: skip
+                 f"RTF {wall / duration:.3f}"])
     emit(table(["part", "calls", "tokens per call", "ms per call: mean / median", "CPU ms per call: median", "ms per window",
                 "limit ms per call", "% of limit: total / median call", "ORT kernels alone ms per call", "s",
-                "share of wall"], rows))  # fmt: skip
+                "share of wall"], rows))
     emit("\n% of limit: the limit's time over the measured time (100 % = at the roofline), for all calls together "
          "and for the median call (less disturbed by other load on the machine). CPU: this process's user + "
          "system seconds over a call or the transcription (ONNX Runtime's threads included, their spinning too; "
-         "with one thread, the steadier figure on a loaded machine: time waiting for a core is not counted).")  # fmt: skip
+         "with one thread, the steadier figure on a loaded machine: time waiting for a core is not counted).")
 
 
 # --- main --------------------------------------------------------------------------------------------------------------
 
 
 def run_model(name: str, args: argparse.Namespace, bandwidths: tuple[float, float], audio: str | np.ndarray,
-              warmup: np.ndarray, duration: float) -> None:  # fmt: skip
-    from whisperane.bundle import resolve_bundle
+              warmup: np.ndarray, duration: float) -> None:
+    from whisperane.loading import resolve_bundle
 
     bundle = resolve_bundle(name).resolve()
     s = Shapes.of_bundle(bundle)
@@ -771,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     header(args)
     emit(f"- roofline (bench_roofline.py): {path.name}, {duration:.0f} s{' (its start)' if args.quick else ''}; "
-         f"best of {args.repeats} runs per probe")  # fmt: skip
+         f"best of {args.repeats} runs per probe")
     bandwidths = print_bandwidth(args.threads, args.repeats)
     for name in (m.strip() for m in args.models.split(",") if m.strip()):
         run_model(name, args, bandwidths, samples if args.quick else str(path), samples[: WARMUP_SECONDS * SAMPLE_RATE], duration)

@@ -26,7 +26,7 @@ def run_faster_whisper(args: argparse.Namespace) -> int:
 
     model = WhisperModel(args.model_path, device="cpu", compute_type=args.compute_type, cpu_threads=args.threads)
     segments, info = model.transcribe(args.audio, beam_size=1, word_timestamps=args.word_timestamps,
-                                      language=args.language or None)  # fmt: skip
+                                      language=args.language or None)
     out = {"text": "", "language": info.language, "duration": info.duration, "segments": []}
     for s in segments:  # a generator: decoding happens while it is consumed
         words = [{"word": w.word, "start": w.start, "end": w.end, "probability": w.probability} for w in s.words or []]
@@ -67,7 +67,7 @@ def run_measure(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
     report = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_kb": usage.ru_maxrss,
-              "returncode": p.returncode}  # fmt: skip
+              "returncode": p.returncode}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(report, f)
     return 0

@@ -35,7 +35,7 @@ def corpus_entries() -> list[dict]:
     manifest = CORPUS_DIR / "manifest.jsonl"
     if not manifest.is_file():
         return [{"id": name, "audio": str(path), "text": text, "language": language}
-                for name, (path, language, text) in DATA_CLIPS.items()]  # fmt: skip
+                for name, (path, language, text) in DATA_CLIPS.items()]
     return [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
@@ -61,7 +61,7 @@ DATA_CLIPS = {
     "LJ001-0008": (DATA_DIR / "LJ001-0008.flac", "en", "has never been surpassed."),
     "es": (DATA_DIR / "test_es.wav", "es", "Las arenas son blanquecinas de grano medio y tiene muy poca asistencia."),
     "de": (DATA_DIR / "test_de.wav", "de", "Der hinter diesem Portal liegenden Raum wurde als Leichenhalle genutzt."),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def base_bundle(ct2_base_dir) -> Path:
 TINY_RANDOM = ModelDimensions(
     n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=1,
     n_vocab=51864, n_text_ctx=32, n_text_state=64, n_text_head=2, n_text_layer=2,
-)  # fmt: skip
+)
 
 
 def hf_config(dims: ModelDimensions, **extra):

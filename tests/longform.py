@@ -70,7 +70,7 @@ def _gap(rng: np.random.Generator, noise_dbfs: float | None) -> np.ndarray:
 
 
 def _clip_order(clip_ids: list[str], rng: np.random.Generator, min_seconds: float, max_seconds: float,
-                durations: dict[str, float]) -> list[str]:  # fmt: skip
+                durations: dict[str, float]) -> list[str]:
     """Clips in shuffled passes (reshuffled each pass, so a short clip list still fills a long file) until the
     total reaches ``min_seconds``, skipping a clip that would take it past ``max_seconds``."""
     order: list[str] = []
@@ -95,7 +95,7 @@ def long_audio_name(seed: int, noise_dbfs: float | None) -> str:
 
 
 def build_long_audio(seed: int, min_seconds: float = 60.0, max_seconds: float = 120.0,
-                     noise_dbfs: float | None = None, clips: dict[str, Path] | None = None) -> LongAudio:  # fmt: skip
+                     noise_dbfs: float | None = None, clips: dict[str, Path] | None = None) -> LongAudio:
     """A file of ``min_seconds``..``max_seconds`` of English clips in a shuffled order (``seed``), each clip
     preceded by a gap, plus a final gap. Gaps are digital silence, or white noise at ``noise_dbfs`` RMS."""
     clips = english_clips() if clips is None else clips

@@ -80,7 +80,7 @@ def openai_transcribe(
             model, samples, verbose=None, fp16=False, temperature=temperatures, word_timestamps=word_timestamps,
             condition_on_previous_text=condition_on_previous_text, best_of=best_of, beam_size=beam_size,
             patience=patience, length_penalty=length_penalty, **options,
-        )  # fmt: skip
+        )
 
 
 def openai_beam_search(
@@ -98,4 +98,4 @@ def openai_beam_search(
     ``length_penalty`` None ranks finished beams by the sum of log-probabilities over the length (openai's
     default), a float alpha by Google NMT's ((5 + length) / 6) ** alpha."""
     return openai_transcribe(model, audio, beam_size=beam_size, patience=patience, length_penalty=length_penalty,
-                             temperature=temperature, **options)  # fmt: skip
+                             temperature=temperature, **options)

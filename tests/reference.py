@@ -1,4 +1,4 @@
-"""Test-only numerics: the PSNR of DESIGN.md §6 and a numpy log-mel reference of openai-whisper's front end.
+"""Test-only numerics: the PSNR of docs/DESIGN.md §6 and a numpy log-mel reference of openai-whisper's front end.
 
 Neither is used at run time (the MelSpectrogram component computes the log-mel); both live here so
 that the package holds only what it runs.
@@ -10,11 +10,12 @@ import math
 
 import numpy as np
 
-from whisperane.audio import HOP_LENGTH, N_FFT, mel_filters
+from whisperane.audio import HOP_LENGTH, N_FFT
+from whisperane.convert.mel import mel_filters
 
 
 def psnr(ref: np.ndarray, x: np.ndarray) -> float:
-    """DESIGN.md §6: 20 log10((max|ref| + 1e-5) / (RMSE + 1e-10))."""
+    """docs/DESIGN.md §6: 20 log10((max|ref| + 1e-5) / (RMSE + 1e-10))."""
     ref = np.asarray(ref, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     rmse = math.sqrt(float(np.mean((ref - x) ** 2)))

@@ -22,10 +22,10 @@ from whisperane.audio import (
     SAMPLE_RATE,
     AudioStream,
     load_audio,
-    mel_filters,
     open_audio,
     pad_or_trim,
 )
+from whisperane.convert.mel import mel_filters
 from whisperane.errors import AudioError
 
 JFK = Path(__file__).parent / "data" / "jfk.flac"

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from whisperane.audio import load_audio, open_audio
 from whisperane.errors import AudioError, WhisperaneError
-from whisperane.transcribe import TranscriptionResult, transcribe
+from whisperane.result import TranscriptionResult
+from whisperane.transcribe import transcribe
 
 REPO = Path(__file__).resolve().parents[1]
 CLIP = REPO / "tests" / "data" / "LJ001-0002.flac"  # 1.9 s, 22.05 kHz
@@ -147,7 +148,7 @@ def test_every_bad_input_in_one_real_batch(speech, tiny_en_bundle, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "whisperane", "transcribe", *map(str, paths), "-o", str(out), "--model", str(tiny_en_bundle)],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     n = len(BAD_INPUTS)
@@ -335,7 +336,7 @@ valid_options = st.fixed_dictionaries({
     "best_of": st.integers(1, 3),
     "word_timestamps": st.booleans(),
     "condition_on_previous_text": st.booleans(),
-})  # fmt: skip
+})
 
 not_finite = st.sampled_from([math.nan, math.inf, -math.inf])
 not_a_number = st.sampled_from(["0.5", "none", [0.5], b"1"])
@@ -358,7 +359,7 @@ invalid_options = st.one_of(
     st.fixed_dictionaries({"initial_prompt": st.sampled_from([42, b"bytes", ["a"]])}),
     st.fixed_dictionaries({"word_timestamps": st.sampled_from(["yes", 1, None])}),
     st.fixed_dictionaries({"suppress_tokens": st.sampled_from(["a,b", "-2", [1.5j]])}),
-)  # fmt: skip
+)
 
 
 def test_fuzz_valid_options_give_well_formed_results(model, speech):
@@ -366,7 +367,7 @@ def test_fuzz_valid_options_give_well_formed_results(model, speech):
 
     # No shrinking: each example is a transcription, and a failing one is printed as drawn.
     @settings(max_examples=VALID_OPTION_EXAMPLES, deadline=None, derandomize=True, database=None,
-              phases=[Phase.explicit, Phase.generate])  # fmt: skip
+              phases=[Phase.explicit, Phase.generate])
     @given(options=valid_options)
     def check(options):
         result = transcribe(speech, model, **options)
@@ -382,7 +383,7 @@ def test_fuzz_invalid_options_raise_one_line_option_errors(model, speech):
 
     # No shrinking either: an invalid value that is let through costs a transcription per shrinking step.
     @settings(max_examples=INVALID_OPTION_EXAMPLES, deadline=None, derandomize=True, database=None,
-              phases=[Phase.explicit, Phase.generate])  # fmt: skip
+              phases=[Phase.explicit, Phase.generate])
     @given(options=invalid_options)
     def check(options):
         with pytest.raises(WhisperaneError) as error:

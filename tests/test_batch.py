@@ -27,15 +27,15 @@ import ray
 from conftest import CORPUS_DIR, DATA_DIR, REPO_ROOT
 
 import whisperane
-from whisperane import batch
-from whisperane.batch_shards import RESULT_SCHEMA, OutputDir, file_sha256, plan, read_shard
 from whisperane.errors import WhisperaneError
+from whisperane.ray_batch import command, dataset
+from whisperane.ray_batch.shards import RESULT_SCHEMA, OutputDir, file_sha256, plan, read_shard
 
 pytestmark = pytest.mark.slow
 
 # Short English clips, each in both the shared corpus and tests/data (the corpus copy when it is there).
 CLIP_FILES = ["jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "1089-134691-0001.flac",
-              "LJ001-0002.flac", "LJ001-0008.flac"]  # fmt: skip
+              "LJ001-0002.flac", "LJ001-0008.flac"]
 
 
 def _clip_paths() -> list[Path]:
@@ -73,14 +73,14 @@ def reference(tiny_en_bundle, audio_dir) -> dict[str, dict]:
     """transcribe()'s JSON for each good file, with the workers' thread count."""
     model = whisperane.load_model(tiny_en_bundle, threads=1)
     return {str(p): whisperane.transcribe(str(p), model=model).to_dict()
-            for p in sorted(audio_dir.rglob("*.flac")) if p.name != "cut.flac"}  # fmt: skip
+            for p in sorted(audio_dir.rglob("*.flac")) if p.name != "cut.flac"}
 
 
 def _batch(*argv) -> tuple[int, list[str]]:
     """``whisperane batch *argv`` in this process: (exit status, stderr lines)."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = batch.main([str(a) for a in argv])
+        code = command.main([str(a) for a in argv])
     return code, err.getvalue().splitlines()
 
 
@@ -196,7 +196,7 @@ def test_manifest_keeps_its_columns(kind, local_ray, tiny_en_bundle, audio_dir, 
         {"path": os.path.relpath(audio_dir / "LJ001-0008.flac", tmp_path), "id": "lj8", "speaker": 7,
          "text": "has never been surpassed."},
         {"path": str(audio_dir / "notes.wav"), "id": "bad", "speaker": 9, "text": "none"},
-    ]  # fmt: skip
+    ]
     if kind == "csv":
         listed = [{k: str(v) for k, v in row.items()} for row in listed]  # CSV values are text
     manifest = tmp_path / f"manifest.{kind}"
@@ -223,9 +223,9 @@ def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, aud
     _, _, complete, _ = directory_run
     out = tmp_path / "out"
     args = [audio_dir, "--output", out, "--model", tiny_en_bundle, "--workers", 2, "--shard-size", 1]
-    proc = subprocess.Popen([sys.executable, "-m", "whisperane.batch", *map(str, args)], cwd=REPO_ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "whisperane.ray_batch", *map(str, args)], cwd=REPO_ROOT,
                             env={**os.environ, "RAY_ADDRESS": local_ray}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while len(list(out.glob("part-*"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -235,11 +235,11 @@ def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, aud
         proc.wait()
     first = {p: p.read_bytes() for p in out.glob("part-*")}
     assert 2 <= len(first) < len(CLIP_FILES) + 2, "the run was not killed midway"
-    (out / ".tmp-part-0-00009.jsonl.1").write_text('{"path": "half a row')  # as a kill during a write leaves
+    (out / ".part-0-00009.jsonl.1234.0badf00d.tmp").write_text('{"path": "half a row')  # as a kill during a write leaves
     code, err = _batch(*args)
     assert code == 1 and f"whisperane: error: 2 of {len(CLIP_FILES) + 2} file(s) failed; their rows in {out} hold the errors" in err
     assert {p: p.read_bytes() for p in first} == first  # shards of the killed run untouched
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".*.tmp"))
     rows = _rows(out)
     redone = [r["path"] for p in set(out.glob("part-*")) - set(first) for r in read_shard(p)]
     done_before = [r["path"] for p in first for r in read_shard(p)]
@@ -249,7 +249,7 @@ def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, aud
 
 def test_transcribe_dataset_returns_a_ray_dataset(local_ray, tiny_en_bundle, audio_dir, reference):
     path = str(audio_dir / "LJ001-0002.flac")
-    rows = batch.transcribe_dataset([path], tiny_en_bundle, workers=1).take_all()
+    rows = dataset.transcribe_dataset([path], tiny_en_bundle, workers=1).take_all()
     assert [(r["path"], r["text"], r["error"]) for r in rows] == [(path, reference[path]["text"], None)]
 
 
@@ -273,7 +273,7 @@ def test_rows_stand_while_the_file_is_unchanged(tmp_path):
     out = OutputDir.open(tmp_path / "out", "jsonl", {"model": "m"})
     out.write(pa.Table.from_pylist([{"path": a, "sha256": file_sha256(a), "error": None},
                                     {"path": b, "sha256": file_sha256(b), "error": None},
-                                    {"path": c, "sha256": file_sha256(c), "error": f"{c}: bad"}]))  # fmt: skip
+                                    {"path": c, "sha256": file_sha256(c), "error": f"{c}: bad"}]))
     Path(b).write_bytes(b"new content")
     again = OutputDir.open(tmp_path / "out", "jsonl", {"model": "m"})
     assert plan(again, [a, b, c], retry_errors=False) == ([b], [a, c])

@@ -37,7 +37,7 @@ def model(tiny_en_bundle):
 @pytest.fixture(scope="module")
 def english_clips():
     return [c for c in _speech_clips() if not c.name.startswith(("picovoice", "aishell", "aeneas-simplicissimus"))
-            and c.name not in ("es", "de", "test_es", "test_de")]  # fmt: skip
+            and c.name not in ("es", "de", "test_es", "test_de")]
 
 
 # Three draws of the gaps (and so of where every window and lane falls): on one 287 s file the modes' WERs
@@ -105,9 +105,10 @@ def test_batched_equals_sequential_where_the_vad_changes_nothing(model, english_
     same words, word times within 20 ms (measured: identical on the 11 such corpus clips). Where the VAD trims
     even 16-208 ms of a clip's lead-in, tiny.en's transcript may differ (a comma, a word): a different input,
     not asserted here."""
-    from whisperane.chunked import vad_options
+    from whisperane.longform.speech import vad_options
     from whisperane.options import TranscribeOptions
-    from whisperane.vad import default_vad, speech_regions
+    from whisperane.vad.regions import speech_regions
+    from whisperane.vad.silero import default_vad
 
     options = vad_options(TranscribeOptions(batch_size=8), batched=True)
     whole = []
@@ -142,8 +143,8 @@ def _late_first_words(results, gapped, mode: str) -> set[tuple[int, str]]:
 def test_every_clips_first_word_starts_within_300_ms_of_its_sound(results, gapped, mode):
     """No clip's first word is lost or late in a VAD mode where the loop over the whole audio (the default) has it
     within 0.3 s. On the speech-only timeline the first word after a cut is where DTW goes wrong: "Stuff it into
-    you" started 0.40 s late (vad._start_after_cut now moves such a start back to the voice), the sonnet's "1." was
-    put at one instant in the pause after its voice and cleared by openai's rule (transcribe._instants_onto_voice
+    you" started 0.40 s late (words.start_after_cut now moves such a start back to the voice), the sonnet's "1." was
+    put at one instant in the pause after its voice and cleared by openai's rule (longform.words.instants_onto_voice
     keeps it on that voice). Measured (tiny.en int8, AMD EPYC Zen 4, the corpus's three files, 54 clips): 5 clips
     beyond 0.3 s before, none after, in both VAD modes; the whole-audio loop: 4 (tiny.en drops LJ001-0006's "And"
     in all three draws, and starts the sonnet 0.31 s early in the tones before it in one). Without the corpus
@@ -175,8 +176,8 @@ def test_windows_encoded_one_call_each_fill_their_batch_rows(model, english_clip
     assert reused is batch and {n: v.ctypes.data for n, v in reused.feeds.items()} == arrays
     for mel, row in [*zip(later, (0, 1), strict=True), (mels[2], 2)]:
         alone = model.encode(mel)
-        assert reused.feeds.keys() == alone.cross.feeds.keys()
-        for name, value in alone.cross.feeds.items():
+        assert reused.feeds.keys() == alone.feeds.keys()
+        for name, value in alone.feeds.items():
             np.testing.assert_array_equal(reused.feeds[name][row : row + 1], value)
 
 
@@ -187,7 +188,7 @@ def test_five_minutes_of_silence_and_noise_give_no_text(model):
         np.zeros(minute, np.float32), rng.normal(0, 0.003, minute).astype(np.float32),
         np.zeros(minute, np.float32), np.cumsum(rng.normal(0, 1e-4, minute)).astype(np.float32) * 0.05,
         rng.normal(0, 0.01, minute).astype(np.float32),
-    ])  # fmt: skip
+    ])
     for options in ({"batch_size": 8}, {"vad_filter": True}):
         result = model.transcribe(audio, **options)
         assert result.text.strip() == "" and not result.segments, (options, result.text)
@@ -195,9 +196,9 @@ def test_five_minutes_of_silence_and_noise_give_no_text(model):
 
 @pytest.mark.parametrize("draw", range(len(GAP_SEEDS)))
 def test_batched_segments_and_words_are_in_audio_order(results, draw):
-    """Lanes and the bins of their tails (``chunked.pack_tails``) merged into one transcript: no segment
+    """Lanes and the bins of their tails (``lanes.pack_tails``) merged into one transcript: no segment
     starts before the one ahead of it ends, and no word before the word ahead of it (a bin's segment across two
-    lanes' tails is split there, ``chunked.split_at``)."""
+    lanes' tails is split there, ``lanes.split_at``)."""
     segments = results["batched"][draw].segments
     for a, b in zip(segments, segments[1:], strict=False):
         assert b.start >= a.end, (a, b)
@@ -207,13 +208,13 @@ def test_batched_segments_and_words_are_in_audio_order(results, draw):
 
 
 def test_a_segment_across_two_tails_is_split_where_the_later_starts(model):
-    from whisperane.chunked import split_at
+    from whisperane.longform.lanes import split_at
 
     tokenizer = model.tokenizer()
     words = [{"word": w, "start": s, "end": e, "probability": 0.9} for w, s, e in
-             [(" And", 10.0, 10.2), (" so", 10.2, 10.5), (" my", 40.1, 40.3), (" fellow", 40.3, 40.6)]]  # fmt: skip
+             [(" And", 10.0, 10.2), (" so", 10.2, 10.5), (" my", 40.1, 40.3), (" fellow", 40.3, 40.6)]]
     segment = {"seek": 0, "start": 10.0, "end": 40.6, "text": " And so my fellow", "words": words,
-               "tokens": tokenizer.encode(" And so my fellow"), "avg_logprob": -0.2}  # fmt: skip
+               "tokens": tokenizer.encode(" And so my fellow"), "avg_logprob": -0.2}
     alone = {**segment, "words": words[:2], "start": 10.0, "end": 10.5}
     parts = split_at([alone, segment], [40.0], tokenizer)
     assert parts[0] is alone
@@ -224,19 +225,19 @@ def test_a_segment_across_two_tails_is_split_where_the_later_starts(model):
 
 
 def test_lanes_tails_share_windows(model, english_clips, monkeypatch):
-    """Lanes whose last windows would not be full leave their tails to bins (``chunked.pack_tails``): fewer
+    """Lanes whose last windows would not be full leave their tails to bins (``lanes.pack_tails``): fewer
     encoder windows than each lane ending on its own (measured: 7 against 8 on each of the three gapped files,
     the bin holding two lanes' tails; 609 s benchmark file, 8 lanes: 26 against 29). Lanes need a minute of speech
     each: tests/data's clips (a minute in all) are repeated until there is room for three."""
-    import whisperane.chunked as chunked
+    import whisperane.longform.lanes as lanes
 
     speech = sum(len(c.audio) for c in english_clips) / SAMPLE_RATE
-    audio = _gapped_audio(english_clips * math.ceil(3 * chunked.MIN_LANE_SECONDS / speech), seed=GAP_SEEDS[0]).audio
+    audio = _gapped_audio(english_clips * math.ceil(3 * lanes.MIN_LANE_SECONDS / speech), seed=GAP_SEEDS[0]).audio
     windows = []
     encode_rows = model.encode_rows
     monkeypatch.setattr(model, "encode_rows", lambda mels, into=None: windows.append(len(mels)) or encode_rows(mels, into))
     model.transcribe(audio, batch_size=8)
     packed, windows[:] = sum(windows), []
-    monkeypatch.setattr(chunked, "_ends_in_a_tail", lambda loop: False)
+    monkeypatch.setattr(lanes, "ends_in_a_tail", lambda loop: False)
     model.transcribe(audio, batch_size=8)
     assert packed < sum(windows), (packed, sum(windows))

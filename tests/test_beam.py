@@ -132,7 +132,7 @@ def compare_with_openai(bundle: Path, ct2_dir: Path, clips: list[CorpusClip]) ->
         theirs, margins = openai_with_margins(theirs_model, audio)
         middle = time.perf_counter()
         ours = ours_model.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False,
-                                     language=theirs["language"] if ours_model.is_multilingual else None)  # fmt: skip
+                                     language=theirs["language"] if ours_model.is_multilingual else None)
         end = time.perf_counter()
         duration = round(len(audio) / SAMPLE_RATE, 3)
         difference = first_difference(segments_of(ours, duration), segments_of(theirs, duration))

@@ -51,7 +51,7 @@ def whisperane_cmd(*argv, cwd: Path = REPO, timeout: float = 300) -> subprocess.
     return subprocess.run(
         [sys.executable, "-m", "whisperane", *map(str, argv)],
         cwd=cwd, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 # --- output formats ---------------------------------------------------------------------------------------
@@ -299,13 +299,13 @@ def test_progress_bar_only_for_long_audio_on_a_terminal(monkeypatch):
             pass
 
     monkeypatch.setattr(sys, "stderr", Terminal(True))
-    bar = cli._progress_bar(None, 600.0, "long.wav")
+    bar = cli.progress_bar(None, 600.0, "long.wav")
     assert bar is not None
     bar.update(30.0, 600.0)
     assert bar.tqdm.n == pytest.approx(30.0)
     bar.close()
-    assert cli._progress_bar(None, 20.0, "short.wav") is None
-    assert cli._progress_bar(False, 600.0, "long.wav") is None
+    assert cli.progress_bar(None, 20.0, "short.wav") is None
+    assert cli.progress_bar(False, 600.0, "long.wav") is None
     monkeypatch.setattr(sys, "stderr", Terminal(False))
-    assert cli._progress_bar(None, 600.0, "long.wav") is None
-    assert cli._progress_bar(True, 5.0, "short.wav") is not None
+    assert cli.progress_bar(None, 600.0, "long.wav") is None
+    assert cli.progress_bar(True, 5.0, "short.wav") is not None

@@ -2,7 +2,7 @@
 against Hugging Face transformers' Whisper on the same weights and real audio, loader equivalence across
 the three checkpoint formats, bad sources, and the conversion's no-op / interruption behaviour.
 
-PSNR is DESIGN.md §6: 20 log10((max|ref| + 1e-5) / RMSE); every component must reach 35 dB.
+PSNR is docs/DESIGN.md §6: 20 log10((max|ref| + 1e-5) / RMSE); every component must reach 35 dB.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from conftest import CLIPS, TINY_RANDOM, Clip, TorchWhisper, hf_config, teacher_
 from onnx import numpy_helper
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
-from whisperane.bundle import MASK_VALUE, BundleInfo, verify_bundle
+from whisperane.contract import MASK_VALUE
 from whisperane.convert import export_onnx, modules
 from whisperane.convert.checkpoint import Checkpoint, load_checkpoint, to_hf_state_dict
 from whisperane.convert.cli import main
 from whisperane.convert.pipeline import convert
-from whisperane.decoder import TokenTable
 from whisperane.dims import ModelDimensions
 from whisperane.errors import ModelError
+from whisperane.runtime.bundle import BundleInfo, verify_bundle
+from whisperane.runtime.decoder import TokenTable
 
 MIN_PSNR = 35.0
 # float32 ONNX components against the torch modules they were exported from: measured >= 129.0 dB on every
@@ -89,9 +90,9 @@ def hf_model(ckpt: Checkpoint) -> WhisperForConditionalGeneration:
 DECODER_INPUTS = [
     "input_ids", "cache_length", "key_cache", "value_cache", "kv_cache_update_mask", "decoder_key_padding_mask",
     "encoder_attn_key_cache", "encoder_attn_value_cache",
-]  # fmt: skip
+]
 SEQUENCE_INPUTS = [*(n for n in DECODER_INPUTS if n != "kv_cache_update_mask"), "logit_positions",
-                   "logprob_positions", "logprob_tokens"]  # fmt: skip
+                   "logprob_positions", "logprob_tokens"]
 
 
 def torch_runner(module, names: list[str]):
@@ -497,7 +498,7 @@ def test_onnx_int8_decoder_close_to_torch(case, calls):
     for r, x, what in zip(
         (ref.logits, ref.key_updates, ref.value_updates, ref.alignment_weights), got,
         ("logits", "key updates", "value updates", "alignment weights"), strict=True,
-    ):  # fmt: skip
+    ):
         assert_psnr(r, x, f"{case.name} TextDecoderSequence.int8.onnx ({calls}) {what}", floor=INT8_LOGITS_PSNR)
     top2 = np.sort(ref.logits, axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 1.0
@@ -519,7 +520,7 @@ def test_row_quantized_matmul_is_exact_integer_arithmetic(tmp_path):
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="/blocks.0/mlp/fc2/MatMul")], "fc2",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, t, k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, t, n])], [numpy_helper.from_array(w, "w")],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "fc2.onnx")
@@ -559,7 +560,7 @@ def test_int8_tied_embedding_reads_the_quantized_rows(tmp_path):
         "tied", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3]), helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, d])],
         [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [3, d]), helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, v])],
         [numpy_helper.from_array(emb, "token_embedding.weight")],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "tied.onnx")

@@ -1,12 +1,12 @@
 """Core ML export (whisperane/convert/export_coreml.py) of a seeded random Whisper (COREML_RANDOM).
 
 Everywhere: the packages are built once per session and their specs are checked against the component
-contract (DESIGN.md §2): names, shapes, dtypes and states, ML Program type, deployment targets, compute
+contract (docs/DESIGN.md §2): names, shapes, dtypes and states, ML Program type, deployment targets, compute
 precision, palettized weights only on request; the decoders' batch of rows (the stateless TextDecoder's
 range, the beam package's 5 rows and states) over batch-1 cross K/V that reach the attention unchanged (no op
 between them and the matmuls can copy them to the rows); the stateful decoder wrapper is checked in torch
 (eager and traced, the graph Core ML receives) against the stateless decoder with host-side cache writes, at 1
-and 5 rows; and the runtime's stateful adapter (decoder.StatefulDecoder: MLState rows, prefix copies, beam
+and 5 rows; and the runtime's stateful adapter (runtime.coreml.StatefulDecoder: MLState rows, prefix copies, beam
 reordering) runs a beam walk over the torch wrapper standing in for Core ML, against the ONNX float32 decoder
 exported from the same weights. On macOS also: each package's predictions against its torch module (PSNR >= 35
 dB), and the beam walk through the Core ML decoders against the ONNX float32 one. The real models' Core ML
@@ -28,13 +28,16 @@ torch = pytest.importorskip("torch")
 ct = pytest.importorskip("coremltools")
 
 from whisperane.audio import load_audio, pad_or_trim  # noqa: E402
+from whisperane.contract import MASK_VALUE  # noqa: E402
 from whisperane.convert import export_coreml, modules  # noqa: E402
 from whisperane.convert.checkpoint import load_checkpoint  # noqa: E402
 from whisperane.convert.export_onnx import decoder_example, export_decoder  # noqa: E402
 from whisperane.convert.prefill import compute_prefill_table  # noqa: E402
-from whisperane.decoder import CacheLayout, CrossAttention, OneHotDecoder, StatefulDecoder  # noqa: E402
 from whisperane.dims import ModelDimensions  # noqa: E402
-from whisperane.executors import CoreMLComponent, OnnxComponent  # noqa: E402
+from whisperane.runtime.coreml import CoreMLComponent, StatefulDecoder  # noqa: E402
+from whisperane.runtime.decoder import CrossAttention, OneHotDecoder  # noqa: E402
+from whisperane.runtime.executors import OnnxComponent  # noqa: E402
+from whisperane.runtime.state import CacheLayout  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +60,7 @@ macos_only = pytest.mark.skipif(
 COREML_RANDOM = ModelDimensions(
     n_mels=80, n_audio_ctx=1500, n_audio_state=192, n_audio_head=3, n_audio_layer=1,
     n_vocab=51864, n_text_ctx=448, n_text_state=192, n_text_head=3, n_text_layer=2,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="session")
@@ -180,7 +183,7 @@ def _large_consts(spec) -> int:
 
 
 def _contract(dims, alignment_heads: int) -> dict:
-    """The contract's tensors at batch 1 (DESIGN.md §2), written out independently of the exporter."""
+    """The contract's tensors at batch 1 (docs/DESIGN.md §2), written out independently of the exporter."""
     d, dl, f, v = dims.n_audio_state, dims.n_text_state * dims.n_text_layer, dims.n_audio_ctx, dims.n_vocab
     f32 = "FLOAT32"
     return {
@@ -456,7 +459,7 @@ def _step_inputs(dims, position: int, token: int, rows: int = 1) -> dict:
     """One step of ``rows`` rows at ``position``: row r feeds token + r (the rows must stay apart)."""
     mask = torch.zeros(rows, S)
     mask[:, position] = 1.0
-    padding = torch.full((rows, S), modules.MASK_VALUE)
+    padding = torch.full((rows, S), MASK_VALUE)
     padding[:, : position + 1] = 0.0
     return {
         "input_ids": torch.arange(token, token + rows, dtype=torch.int32),
@@ -488,7 +491,7 @@ def test_stateful_wrapper_matches_stateless_decoder_with_host_cache_writes(torch
         logits, k_upd, v_upd, weights = decoder(
             step["input_ids"], step["cache_length"], key_cache, value_cache, step["kv_cache_update_mask"],
             step["decoder_key_padding_mask"], enc["encoder_attn_key_cache"], enc["encoder_attn_value_cache"],
-        )  # fmt: skip
+        )
         key_cache[..., position] = k_upd[..., 0]
         value_cache[..., position] = v_upd[..., 0]
         for module in (eager, traced):
@@ -592,9 +595,9 @@ def onnx_reference(tmp_path_factory, torch_modules, window) -> tuple:
     btc = modules.build_decoder(torch_modules["checkpoint"], modules.TextDecoder, sdpa="einsum", layout="btc")
     path = export_decoder(btc, dims, S, tmp_path_factory.mktemp("onnx_reference") / "TextDecoder.onnx")
     component = OnnxComponent(path, threads=1)
-    decoder = OneHotDecoder(_layout(dims), dims.n_vocab, component)
+    decoder = OneHotDecoder(_layout(dims), component)
     cross = CrossAttention({"encoder_attn_key_cache": window["enc_k"].numpy(),
-                            "encoder_attn_value_cache": window["enc_v"].numpy()}, 1)  # fmt: skip
+                            "encoder_attn_value_cache": window["enc_v"].numpy()}, 1)
     state = decoder.pool.acquire(1)
     decoder.step(state, np.array([SOT]), cross)
     sot_kv = (state.keys[0][..., :1].copy(), state.values[0][..., :1].copy())
@@ -611,7 +614,7 @@ def test_stateful_adapter_beam_walk_matches_onnx(torch_modules, onnx_reference, 
     dims, torch_decoder = torch_modules["dims"], torch_modules["decoder"]
     single = _TorchStatefulPackage(torch_decoder, 1)
     beam = _TorchStatefulPackage(torch_decoder, export_coreml.BEAM_BATCH)
-    stateful = StatefulDecoder(_layout(dims), dims.n_vocab, single, batched=beam)
+    stateful = StatefulDecoder(_layout(dims), single, batched=beam)
     for step, (logits, align, histories) in enumerate(_beam_walk(stateful, cross, rows, sot_kv)):
         want, want_align = _decoded_alone(reference, cross, sot_kv, histories)
         assert logits.shape == want.shape == (rows, dims.n_vocab)
@@ -624,7 +627,7 @@ def test_stateful_adapter_refuses_more_rows_than_its_packages(torch_modules):
     from whisperane.errors import ModelError
 
     dims, torch_decoder = torch_modules["dims"], torch_modules["decoder"]
-    single_only = StatefulDecoder(_layout(dims), dims.n_vocab, _TorchStatefulPackage(torch_decoder, 1))
+    single_only = StatefulDecoder(_layout(dims), _TorchStatefulPackage(torch_decoder, 1))
     with pytest.raises(ModelError, match="at most 1 rows"):
         single_only.pool.acquire(5)
 
@@ -710,10 +713,10 @@ def test_coreml_beam_walk_matches_onnx_float32(bundle, torch_modules, onnx_refer
     dims, out = torch_modules["dims"], bundle[0]
     open_package = lambda name: CoreMLComponent(out / f"{name}.mlpackage", "CPU_ONLY")  # noqa: E731
     if stateful:
-        decoder = StatefulDecoder(_layout(dims), dims.n_vocab, open_package("TextDecoderStateful"),
-                                  batched=open_package("TextDecoderStatefulBeam"))  # fmt: skip
+        decoder = StatefulDecoder(_layout(dims), open_package("TextDecoderStateful"),
+                                  batched=open_package("TextDecoderStatefulBeam"))
     else:
-        decoder = OneHotDecoder(_layout(dims), dims.n_vocab, open_package("TextDecoder"))
+        decoder = OneHotDecoder(_layout(dims), open_package("TextDecoder"))
     for step, (logits, _, histories) in enumerate(_beam_walk(decoder, cross, 5, sot_kv)):
         want, _ = _decoded_alone(reference, cross, sot_kv, histories)
         assert psnr(want, logits) >= 35, step

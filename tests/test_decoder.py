@@ -1,4 +1,4 @@
-"""The batch-B decoder core (DESIGN.md §8) on real speech, for each ONNX decoder adapter: rows at their own cache
+"""The batch-B decoder core (docs/DESIGN.md §8) on real speech, for each ONNX decoder adapter: rows at their own cache
 positions decode as they do alone, beams reordered by ``select`` continue as their sources would, and the
 window's batch-1 cross K/V serve every row with the same numbers as B copies of them; the decoder graphs never
 tile or expand the encoder's K/V."""
@@ -37,8 +37,8 @@ def prefix(model, n_text: int) -> list[int]:
 def run_alone(model, window, tokens: list[int], then: int):
     """Logits of ``then`` after ``tokens`` in a state of its own."""
     with model.decoding_state(1) as state:
-        model.decoder.forward(state, np.asarray([tokens]), window.cross, need_logits=False)
-        logits, align = model.decoder.step(state, np.array([then]), window.cross)
+        model.decoder.forward(state, np.asarray([tokens]), window, need_logits=False)
+        logits, align = model.decoder.step(state, np.array([then]), window)
     return logits[0], align[0]
 
 
@@ -46,7 +46,7 @@ def fill_rows(model, window, batch, prompts: list[list[int]]) -> None:
     """Each row of ``batch`` decoded through its own prompt, apart (rows at different cache positions)."""
     for r, tokens in enumerate(prompts):
         with model.decoding_state(1) as alone:
-            model.decoder.forward(alone, np.asarray([tokens]), window.cross, need_logits=False)
+            model.decoder.forward(alone, np.asarray([tokens]), window, need_logits=False)
             batch.set_row(r, alone)
 
 
@@ -56,7 +56,7 @@ def test_rows_at_their_own_positions_decode_as_alone(model, window):
     with model.decoding_state(2) as batch:
         fill_rows(model, window, batch, prompts)
         assert list(batch.lengths) == [len(p) for p in prompts]
-        logits, align = model.decoder.step(batch, np.array([nxt, nxt]), window.cross)
+        logits, align = model.decoder.step(batch, np.array([nxt, nxt]), window)
     for r, tokens in enumerate(prompts):
         want_logits, want_align = run_alone(model, window, tokens, nxt)
         np.testing.assert_allclose(logits[r], want_logits, atol=ATOL)
@@ -71,16 +71,16 @@ def test_selected_rows_continue_as_their_sources(model, window):
         fill_rows(model, window, batch, prompts)
         order = np.array([2, 0, 2])
         batch.select(order)
-        logits, _ = model.decoder.step(batch, np.array([nxt] * 3), window.cross)
+        logits, _ = model.decoder.step(batch, np.array([nxt] * 3), window)
     for r, source in enumerate(order):
         np.testing.assert_allclose(logits[r], run_alone(model, window, prompts[source], nxt)[0], atol=ATOL)
 
 
 def test_shared_cross_attention_equals_copies(model, window):
     tokens = np.asarray([prefix(model, 4)] * 3)
-    copies = type(window.cross)({k: np.ascontiguousarray(np.repeat(v, 3, axis=0)) for k, v in window.cross.feeds.items()}, 3)
+    copies = type(window)({k: np.ascontiguousarray(np.repeat(v, 3, axis=0)) for k, v in window.feeds.items()}, 3)
     results = []
-    for cross in (window.cross, copies):
+    for cross in (window, copies):
         with model.decoding_state(3) as state:
             logits, align = model.decoder.forward(state, tokens, cross)
         results.append((logits, align))
@@ -102,9 +102,9 @@ def test_windows_with_their_own_prompts_decode_as_alone(model, monkeypatch):
     enc = model.encode(np.concatenate([model.log_mel(load_audio(str(DATA_CLIPS[n][0]))) for n in names]))
     tok = model.tokenizer()
     prompts = [tok.encode(" He hoped there would be stew for dinner, turnips and carrots and bruised potatoes."),
-               None, tok.encode(" Printing.")]  # fmt: skip
+               None, tok.encode(" Printing.")]
     options = DecodingOptions(language="en")
-    before = {k: v.copy() for k, v in enc.cross.feeds.items()}
+    before = {k: v.copy() for k, v in enc.feeds.items()}
     rows, step = [], model.decoder.step
     monkeypatch.setattr(model.decoder, "step", lambda state, tokens, cross: (rows.append(len(tokens)), step(state, tokens, cross))[1])
     together = decode_windows(model, enc, options, tok, prompts)
@@ -112,7 +112,7 @@ def test_windows_with_their_own_prompts_decode_as_alone(model, monkeypatch):
     batched = rows[rows.index(3) :]  # after the prompts, which run a row at a time
     assert batched[-1] == 1 and batched == sorted(batched, reverse=True), rows
     for name, value in before.items():
-        np.testing.assert_array_equal(enc.cross.feeds[name], value)
+        np.testing.assert_array_equal(enc.feeds[name], value)
     for i, prompt in enumerate(prompts):
         alone = decode(model, enc.row(i), replace(options, prompt=prompt), tok)
         assert together[i].tokens == alone.tokens, names[i]
@@ -147,7 +147,7 @@ def test_decoder_graphs_never_copy_the_cross_attention_inputs(tiny_en_bundle, na
 def _scoring_graph(model):
     """The decoder graph that runs the alignment pass (the one-hot adapter's TextDecoderSequence), with the
     variants its converter revision gives, as the decoder reads them at load time."""
-    from whisperane.decoder import SequenceGraph
+    from whisperane.runtime.decoder import SequenceGraph
 
     sequence = getattr(model.decoder, "sequence", None)
     return SequenceGraph.of(sequence() if sequence is not None else model.decoder.component)
@@ -158,14 +158,13 @@ def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, wind
     normalisation of the same pass's logits (``Decoder.score``, the path of older bundles): equal to float32
     rounding; on real clips the same words, the same word times, and probabilities equal at the 4 decimals
     the output keeps (a last-decimal rounding flip allowed)."""
-    from whisperane.decoder import Decoder
+    from whisperane.runtime.decoder import Decoder
     from whisperane.transcribe import transcribe
 
-    assert _scoring_graph(model).scores  # else both sides below would be the host's
     tok = model.tokenizer()
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
     tokens = np.asarray([[*tok.sot_sequence, tok.no_timestamps, *text, tok.eot]])
-    args = (window.cross, len(tok.sot_sequence), np.asarray([text]), tok.eot)
+    args = (window, len(tok.sot_sequence), np.asarray([text]), tok.eot)
     with model.decoding_state(1) as state:
         graph, graph_weights = model.decoder.score(state, tokens, *args)
     with model.decoding_state(1) as state:
@@ -189,12 +188,12 @@ def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, wind
 
 @pytest.mark.parametrize("name", ["TextDecoder.onnx", "TextDecoderSequence.onnx", "TextDecoderSequence.int8.onnx"])
 def test_decoder_graphs_reshape_heads_to_constant_targets(tiny_en_bundle, name):
-    """Head splits and merges are exported with constant targets (``modules.reshape``), not traced from the
+    """Head splits and merges are exported with constant targets (``layers.reshape``), not traced from the
     inputs' shapes: converter revision 14's TextDecoderSequence computed 42 of its 44 reshape targets at run time
     through 118 Shape operations (214 of the one-token step's 392 nodes after ONNX Runtime's optimizer were
     shape arithmetic; 251 nodes now, 9 % faster a step). What may remain are the outputs' own reshapes (the
     logits' rows, the log-probabilities' [B, Q]) and, from revision 17, one Shape for the call's token count
-    (``modules.tail_start``)."""
+    (``layers.tail_start``)."""
     graph = onnx.load(str(tiny_en_bundle / name), load_external_data=False).graph
     constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     reshapes = [n for n in graph.node if n.op_type == "Reshape"]
@@ -207,14 +206,13 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
     """A prompt and the alignment pass run on an empty state (converter revision 16 on): the graph gets caches of
     no positions rather than S masked ones, and gives what it gives with all S (the same K/V written, the same
     logits, word probabilities and alignment weights, to float32 rounding: bitwise where measured)."""
-    from whisperane.decoder import DecoderState, StatePool
+    from whisperane.runtime.decoder import DecoderState, StatePool
 
-    assert _scoring_graph(model).any_length
     tok = model.tokenizer()
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
     prompt = np.asarray([[tok.sot_prev, *text]])
     scored = np.asarray([[*tok.sot_sequence, tok.no_timestamps, *text, tok.eot]])
-    args = (window.cross, len(tok.sot_sequence), np.asarray([text]), tok.eot)
+    args = (window, len(tok.sot_sequence), np.asarray([text]), tok.eot)
     seen, feeds = [], DecoderState.call_feeds
 
     def runs(any_length_allowed: bool):
@@ -227,7 +225,7 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
         if not any_length_allowed:  # all S positions, as a state of fixed length holds them
             monkeypatch.setattr(model.decoder, "pool", StatePool(lambda batch: DecoderState(model.decoder.layout, batch)))
         with model.decoding_state(1) as state:
-            logits, _ = model.decoder.forward(state, prompt, window.cross)
+            logits, _ = model.decoder.forward(state, prompt, window)
             cache = [c[..., : prompt.shape[1]].copy() for c in (*state.keys, *state.values)]
         with model.decoding_state(1) as state:
             probabilities, weights = model.decoder.score(state, scored, *args)
@@ -247,14 +245,13 @@ def test_a_prompt_skips_the_last_layers_tail_and_writes_the_same_cache(model, wi
     token."""
     tok = model.tokenizer()
     prompt = np.asarray([[tok.sot_prev, *tok.encode(" And so my fellow Americans, ask not what your country can do")]])
-    assert _scoring_graph(model).weight_rows  # read at load time: the weights below are blocks of rows
     graph, calls = _scoring_graph(model).component, []
     run = graph.run
     monkeypatch.setattr(graph, "run", lambda feeds, outputs=None: calls.append(dict(feeds)) or run(feeds, outputs))
     caches = []
     for need_logits in (False, True):
         with model.decoding_state(1) as state:
-            model.decoder.forward(state, prompt, window.cross, need_logits=need_logits)
+            model.decoder.forward(state, prompt, window, need_logits=need_logits)
             caches.append([c[..., : prompt.shape[1]].copy() for c in (*state.keys, *state.values)])
     for skipped, whole in zip(*caches, strict=True):
         np.testing.assert_array_equal(skipped, whole)
@@ -267,7 +264,7 @@ def test_a_prompt_skips_the_last_layers_tail_and_writes_the_same_cache(model, wi
 
 def _same_rows(growing, fixed) -> None:
     """Every row's filled positions, mask and position equal in a GrowingState and a fixed-length state."""
-    from whisperane.bundle import MASK_VALUE
+    from whisperane.contract import MASK_VALUE
 
     np.testing.assert_array_equal(growing.lengths, fixed.lengths)
     for r, n in enumerate(fixed.lengths.tolist()):
@@ -282,7 +279,7 @@ def test_a_growing_state_holds_what_a_fixed_one_holds():
     operations the decoding loops use: writes that cross its capacity blocks, rows at their own positions, views
     of the first rows written to, rows set from other states, a prefix copied to every row, beams selected,
     reset. After each, every row's positions equal those of a fixed-length DecoderState given the same calls."""
-    from whisperane.decoder import CAPACITY_BLOCK, CacheLayout, DecoderState, GrowingState
+    from whisperane.runtime.state import CAPACITY_BLOCK, CacheLayout, DecoderState, GrowingState
 
     layout = CacheLayout(n_layer=2, dim=8, length=3 * CAPACITY_BLOCK + 5, per_layer=True)
     rng = np.random.default_rng(0)
@@ -329,7 +326,8 @@ def test_steps_on_a_growing_state_give_what_all_positions_give(model, window, mo
     """The int8 decoder's states hold only the filled positions (GrowingState): a 100-token prompt and steps past
     it, across two capacity blocks, give the logits, alignment weights and caches that the same calls give on a
     state of all S positions (bitwise where measured)."""
-    from whisperane.decoder import CAPACITY_BLOCK, AppendingDecoder, DecoderState, GrowingState, StatePool
+    from whisperane.runtime.decoder import AppendingDecoder
+    from whisperane.runtime.state import CAPACITY_BLOCK, DecoderState, GrowingState, StatePool
 
     with model.decoding_state(1) as state:
         # the contract's TextDecoder (float32 here, Core ML) takes all S positions: its states never grow
@@ -344,8 +342,8 @@ def test_steps_on_a_growing_state_give_what_all_positions_give(model, window, mo
     for pool in (model.decoder.pool, StatePool(lambda batch: DecoderState(model.decoder.layout, batch))):
         monkeypatch.setattr(model.decoder, "pool", pool)
         with model.decoding_state(1) as state:
-            model.decoder.forward(state, prompt, window.cross, need_logits=False)
-            steps = [model.decoder.step(state, nxt[i : i + 1], window.cross) for i in range(len(nxt))]
+            model.decoder.forward(state, prompt, window, need_logits=False)
+            steps = [model.decoder.step(state, nxt[i : i + 1], window) for i in range(len(nxt))]
             n = int(state.lengths[0])
             results.append([*(x for s in steps for x in s), *(c[..., :n].copy() for c in (*state.keys, *state.values))])
     assert n > 2 * CAPACITY_BLOCK

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from whisperane.executors import (
+from whisperane.runtime.executors import (
     CACHED_GRAPH,
     CACHED_WEIGHTS,
     MappedWeights,
@@ -100,7 +100,7 @@ def _resident_kib(files) -> int:
 # the release: the peak resident set (VmHWM) and the words.
 PEAK = """
 import json, sys
-from whisperane.executors import OnnxComponent
+from whisperane.runtime.executors import OnnxComponent
 from whisperane.loading import load_model
 from whisperane.transcribe import transcribe
 
@@ -115,7 +115,7 @@ print(json.dumps({"peak_kib": int(status.split("VmHWM:")[1].split()[0]), "json":
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are released through /proc/self/pagemap "
-                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")  # fmt: skip
+                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")
 def test_releasing_idle_weights_lowers_the_peak_and_changes_nothing(tiny_en_bundle):
     """JFK with tiny.en: the encoder's weights (20 MiB mapped) leave the resident set before the decoder runs,
     the decoder's (65 MiB) while the encoder runs; the peak is that of one component's weights, not both, and the
@@ -129,7 +129,7 @@ def test_releasing_idle_weights_lowers_the_peak_and_changes_nothing(tiny_en_bund
     runs = {}
     for mode in ("release", "keep"):
         run = subprocess.run([sys.executable, "-c", PEAK, str(tiny_en_bundle), str(audio), mode],
-                             capture_output=True, text=True, check=True)  # fmt: skip
+                             capture_output=True, text=True, check=True)
         runs[mode] = json.loads(run.stdout.strip().splitlines()[-1])
     assert runs["release"]["json"] == runs["keep"]["json"]
     encoder_weights = next(tiny_en_bundle.glob(".ort-cache/AudioEncoder.int8.*/weights.data")).stat().st_size
@@ -144,7 +144,7 @@ def _present_pages(start: int, length: int) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are released through /proc/self/pagemap "
-                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")  # fmt: skip
+                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")
 def test_a_mapping_with_a_page_written_to_is_never_released(tmp_path):
     """Both mappings are private and copy-on-write, as ONNX Runtime maps weights; one page of the second is
     written to. Dropping that mapping's pages would lose the write, so only the first is released."""
@@ -166,7 +166,7 @@ def test_a_mapping_with_a_page_written_to_is_never_released(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are released through /proc/self/maps "
-                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")  # fmt: skip
+                    "and madvise, which only Linux has; elsewhere release_weights is a no-op")
 def test_each_session_releases_only_the_mappings_it_made(encoder_copy):
     """Two sessions of one weights file (two models loaded from a bundle) map it twice. Each releases its own
     mappings only: the other's are unmapped when that session is freed, and their addresses reused (a release
@@ -190,7 +190,7 @@ def test_each_session_releases_only_the_mappings_it_made(encoder_copy):
 
 def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
     """The one-token steps follow one another, so their session's threads wait spinning; every other component's
-    next call is far off, and their spinning slowed the component that runs next (loading.SPINNING_ROLES)."""
+    next call is far off, and their spinning slowed the component that runs next (runtime.sessions.SPINNING_ROLES)."""
     from whisperane.loading import load_model
 
     def spins(component) -> str:

@@ -26,10 +26,12 @@ from conftest import CLIPS, CORPUS_DIR, DATA_DIR
 
 import whisperane.loading
 from whisperane import cli
-from whisperane.bundle import CONFIG_NAME, hash_path, verify_bundle
+from whisperane.contract import CONFIG_NAME
 from whisperane.errors import ModelError
 from whisperane.loading import load_model
+from whisperane.runtime.bundle import verify_bundle
 from whisperane.transcribe import transcribe
+from whisperane.util import file_sha256
 
 REPO = Path(__file__).resolve().parents[1]
 JFK = REPO / "tests" / "data" / "jfk.flac"
@@ -63,7 +65,7 @@ def english_clips() -> list[Speech]:
         lines = manifest.read_text(encoding="utf-8").splitlines()
         entries = [json.loads(line) for line in lines if line.strip()]
         return [Speech(CORPUS_DIR / e["audio"], e["text"], e["duration_s"]) for e in entries
-                if e["language"] == "en" and e["audio"].endswith((".flac", ".wav"))]  # fmt: skip
+                if e["language"] == "en" and e["audio"].endswith((".flac", ".wav"))]
     clips = [(CLIPS["jfk"].path, CLIPS["jfk"].text)]
     clips += [(DATA_DIR / name, text) for name, text in TEST_DATA_ENGLISH.items()]
     return [Speech(path, text, sf.info(path).duration) for path, text in clips]
@@ -73,7 +75,7 @@ def whisperane_process(*argv) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "whisperane", *map(str, argv)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    )
 
 
 class StderrWatcher:
@@ -164,7 +166,7 @@ def test_bundle_without_int8_components(bundle):
 
 
 @pytest.mark.parametrize("compute_type,name", [("default", "AudioEncoder.int8.onnx"), ("default", "TokenEmbedding.int8.npy"),
-                                                ("float32", "AudioEncoder.onnx")])  # fmt: skip
+                                                ("float32", "AudioEncoder.onnx")])
 def test_missing_component(bundle, compute_type, name):
     (bundle / name).unlink()
     with pytest.raises(ModelError) as info:
@@ -173,7 +175,7 @@ def test_missing_component(bundle, compute_type, name):
 
 
 @pytest.mark.parametrize("compute_type,name", [("default", "TextDecoderSequence.int8.onnx"), ("default", "TokenEmbedding.int8.npy"),
-                                                ("float32", "TextDecoder.onnx")])  # fmt: skip
+                                                ("float32", "TextDecoder.onnx")])
 def test_truncated_component(bundle, compute_type, name):
     """The file the chosen compute type loads (int8 decoders by default on the CPU) is verified."""
     path = bundle / name
@@ -231,7 +233,7 @@ def test_tokenizer_from_another_model(bundle):
 
     # The same swap with config.json's checksum updated to match: caught by the special-token ids instead.
     cfg = json.loads((bundle / CONFIG_NAME).read_text())
-    cfg["files"]["tokenizer.json"] = hash_path(path)
+    cfg["files"]["tokenizer.json"] = file_sha256(path)
     (bundle / CONFIG_NAME).write_text(json.dumps(cfg))
     with pytest.raises(ModelError) as info:
         load_model(bundle)
@@ -284,7 +286,7 @@ def test_killed_transcription_leaves_nothing_claiming_completion(sig, long_audio
     long_audio, _ = long_audio
     out = tmp_path / "out"
     proc = whisperane_process("transcribe", long_audio, "-o", out, "-f", "all", "--model", tiny_en_bundle,
-                              "--progress", "true")  # fmt: skip
+                              "--progress", "true")
     watcher = StderrWatcher(proc)
     watcher.wait_for(r"long\.flac:", proc, timeout=120)  # the progress bar: transcription has started
     time.sleep(1.0)

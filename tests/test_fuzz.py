@@ -172,7 +172,8 @@ def test_guard_stretch_outside_the_window_audio_has_no_voice():
     """The crash of a turbo-shaped checkpoint: decoded times past a short window's audio made the seek guard
     hand the VAD an empty slice ("<array>: contains no audio samples"). A stretch is clipped to the audio the
     window holds; one that holds none has no voice, and the VAD still hears the voice inside the audio."""
-    from whisperane.transcribe import VoiceOnDemand, Window
+    from whisperane.longform.guard import VoiceOnDemand
+    from whisperane.longform.window import Window
 
     speech = load_audio(CLIPS["jfk"].path)
     window = Window(seek=0, size=len(speech) // 160, enc=None, samples=speech)

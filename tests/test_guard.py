@@ -1,36 +1,33 @@
-"""The seek guard's rule (transcribe.Transcription._resume_point): where a window is decoded again when voice
+"""The seek guard's rule (longform.guard.resume_point): where a window is decoded again when voice
 produced no words, and when it is not. The voiced regions are given (VoiceRegions), so the rule is checked
 apart from Silero; tests/test_batched.py checks the guard end to end on real speech (WER of a gapped file), and
 the last test here the guard's re-decoding of speech a first window jumps over."""
 
 from __future__ import annotations
 
-import importlib
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from conftest import CORPUS_DIR, DATA_DIR
 
 from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio
+from whisperane.longform import guard, words
+from whisperane.longform.window import Window
 
-transcribe_module = importlib.import_module("whisperane.transcribe")
-GUARD = transcribe_module.GUARD_MIN_SPEECH_FRAMES
+GUARD = guard.GUARD_MIN_SPEECH_FRAMES
 
 
 def _segment(start: float, end: float, words: list[tuple[float, float]] | None = None, text: str = " text") -> dict:
     return {"start": start, "end": end, "text": text,
-            "words": [{"word": " w", "start": a, "end": b} for a, b in words or [(start, end)]]}  # fmt: skip
+            "words": [{"word": " w", "start": a, "end": b} for a, b in words or [(start, end)]]}
 
 
-def _window(seek: int) -> transcribe_module.Window:
-    return transcribe_module.Window(seek, N_FRAMES, None, np.zeros(N_FRAMES * HOP_LENGTH, np.float32))
+def _window(seek: int) -> Window:
+    return Window(seek, N_FRAMES, None, np.zeros(N_FRAMES * HOP_LENGTH, np.float32))
 
 
 def _resume(segments, seek, voiced_seconds, window_seek=0, resumed=()):
     frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
-    loop = SimpleNamespace(voice=transcribe_module.VoiceRegions(frames), resumed=set(resumed))
-    return transcribe_module.Transcription._resume_point(loop, _window(window_seek), segments, seek)
+    return guard.resume_point(guard.VoiceRegions(frames), set(resumed), _window(window_seek), segments, seek)
 
 
 def test_voice_after_an_early_stop_resumes_after_the_last_segment():
@@ -58,7 +55,7 @@ def test_voice_after_silence_resumes_a_lead_in_before_the_voice():
     the window's start made tiny.en write a sentence three times into the silence (tests/data's gapped file);
     the guard resumes GUARD_LEAD_IN_FRAMES before the voice, and the unheard voice still ends at the next word."""
     segments = [_segment(11.14, 22.0)]
-    lead = transcribe_module.GUARD_LEAD_IN_FRAMES
+    lead = guard.GUARD_LEAD_IN_FRAMES
     assert _resume(segments, 2200, [(8.44, 11.71), (11.14, 22.0)]) == (844 - lead, 1114)
     # never past the start of a segment it drops (voice late in a gap inside a segment): here the lead-in
     # before that start falls before the last kept segment's end, so the resume stays there
@@ -73,11 +70,17 @@ def test_pauses_and_short_voice_leave_the_seek_alone(voiced):
     assert _resume(segments, 800, voiced) is None
 
 
+def test_a_gap_without_voice_before_a_gap_with_voice():
+    """The first long gap holds no voice, the second does: the guard asks the VAD about both and resumes at the
+    second, a lead-in before its voice."""
+    segments = [_segment(0.5, 1.0), _segment(4.0, 5.0), _segment(25.0, 26.0)]
+    assert _resume(segments, N_FRAMES, [(0.4, 1.1), (9.0, 20.0)]) == (800, 2500)
+
+
 def test_once_per_window_and_not_without_a_voice_check():
     segments = [_segment(0.5, 4.0)]
     assert _resume(segments, N_FRAMES, [(9.0, 20.0)], window_seek=0, resumed={0}) is None
-    loop = SimpleNamespace(voice=None, resumed=set())
-    assert transcribe_module.Transcription._resume_point(loop, _window(0), segments, N_FRAMES) is None
+    assert guard.resume_point(None, set(), _window(0), segments, N_FRAMES) is None
 
 
 def test_a_segment_without_word_timestamps_covers_its_span():
@@ -87,7 +90,7 @@ def test_a_segment_without_word_timestamps_covers_its_span():
 
 def _instants(segments, voiced_seconds, window_seek=0):
     frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
-    transcribe_module._instants_onto_voice(_window(window_seek), segments, transcribe_module.VoiceRegions(frames))
+    words.instants_onto_voice(_window(window_seek), segments, guard.VoiceRegions(frames))
     return [(s["start"], s["end"], [(w["start"], w["end"]) for w in s["words"]]) for s in segments]
 
 
@@ -102,12 +105,12 @@ def test_a_segment_dtw_puts_at_an_instant_takes_the_unheard_voice_between_its_ne
     assert got[1] == (126.38, 126.77, [(126.38, 126.77)])
     assert got[0] == (123.7, 125.38, [(123.7, 125.38)]) and got[2] == (128.7, 131.36, [(128.7, 131.36)])
     two = {"start": 1.0, "end": 1.0, "text": " One two", "words": [{"word": " One", "start": 1.0, "end": 1.0},
-                                                                    {"word": " three", "start": 1.0, "end": 1.0}]}  # fmt: skip
+                                                                    {"word": " three", "start": 1.0, "end": 1.0}]}
     assert _instants([two], [(0.2, 1.0)])[0][2] == [(0.2, 0.5), (0.5, 1.0)]
 
 
-@pytest.mark.parametrize("voiced", [[], [(126.38, 126.38 + (transcribe_module.INSTANT_MIN_VOICE_FRAMES - 1) / 100)],
-                                    [(124.0, 125.38), (128.7, 131.0)]])  # fmt: skip
+@pytest.mark.parametrize("voiced", [[], [(126.38, 126.38 + (words.INSTANT_MIN_VOICE_FRAMES - 1) / 100)],
+                                    [(124.0, 125.38), (128.7, 131.0)]])
 def test_an_instant_without_unheard_voice_is_left_to_openais_rule(voiced):
     """No voice, less than INSTANT_MIN_VOICE_FRAMES of it, or voice only under the neighbours' words: unchanged."""
     segments = [_segment(123.7, 125.38), _segment(127.2, 127.2), _segment(128.7, 131.36)]

@@ -20,7 +20,7 @@ import whisperane
 from whisperane import cli
 from whisperane.convert.sources import HUB_MODELS, resolve_source
 from whisperane.errors import ModelError
-from whisperane.transcribe import TranscriptionResult
+from whisperane.result import TranscriptionResult
 
 # Any 40 hex digits: the hub names snapshots by commit.
 HUB_COMMIT = "5f7b2c9a1e3d4f6a8b0c2d4e6f8a0b1c3d5e7f90"
@@ -28,10 +28,10 @@ HUB_COMMIT = "5f7b2c9a1e3d4f6a8b0c2d4e6f8a0b1c3d5e7f90"
 RANDOM_WHISPER = dict(
     d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
     encoder_ffn_dim=256, decoder_ffn_dim=256, num_mel_bins=80, max_target_positions=64,
-)  # fmt: skip
+)
 ALIGNMENT_HEADS = [[0, 1], [0, 0]]
 HUB_NAMES = {"small": "multilingual", "large-v3-turbo": "multilingual", "distil-large-v3": "multilingual",
-             "small.en": "english"}  # fmt: skip
+             "small.en": "english"}
 
 
 def multilingual_tokenizer(english: dict) -> dict:
@@ -116,7 +116,7 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     "name, repo_id",
     [("small", "openai/whisper-small"), ("large-v3-turbo", "openai/whisper-large-v3-turbo"),
      ("distil-large-v3", "distil-whisper/distil-large-v3"), ("small.en", "openai/whisper-small.en")],
-)  # fmt: skip
+)
 def test_hub_name_resolves_offline_from_the_cache(name, repo_id, filled_cache, checkpoints, monkeypatch):
     offline_hub(monkeypatch, filled_cache)
     resolved = resolve_source(name, progress=False)

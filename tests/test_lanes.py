@@ -1,4 +1,4 @@
-"""Where batched mode splits the speech into lanes (``chunked.lane_regions``, ``chunked.pause_lengths``).
+"""Where batched mode splits the speech into lanes (``lanes.lane_regions``, ``lanes.pause_lengths``).
 
 A lane starts without the previous text and the lane before it stops at its cut, so cuts go to the longest
 pauses that keep every lane within LANE_SPREAD of an equal share of the speech. Measured on the 609 s benchmark
@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from whisperane.audio import N_SAMPLES, SAMPLE_RATE, open_audio
-from whisperane.chunked import Tail, lane_regions, pack_tails, pause_lengths
-from whisperane.vad import WINDOW_SAMPLES, SpeechRegion, SpeechStream
+from whisperane.longform.lanes import Tail, lane_regions, pack_tails, pause_lengths
+from whisperane.vad.regions import WINDOW_SAMPLES, SpeechRegion
+from whisperane.vad.stream import SpeechStream
 
 REGION_S = 20  # seconds of speech per region
 
@@ -44,7 +45,7 @@ def test_pause_lengths_include_a_gap_between_regions():
     gap = 20 * WINDOW_SAMPLES
     apart = [regions[0], SpeechRegion(regions[1].start + gap, regions[1].end + gap)]
     probabilities = np.concatenate([probabilities[: len(probabilities) // 2], np.full(20, 0.05, np.float32),
-                                    probabilities[len(probabilities) // 2 :]])  # fmt: skip
+                                    probabilities[len(probabilities) // 2 :]])
     assert pause_lengths(apart, probabilities, threshold=0.5) == [30]
 
 
@@ -108,7 +109,7 @@ def test_tails_are_packed_into_fewer_windows_each_in_audio_order():
     """The 609 s benchmark file's eight lanes (tiny.en) left tails of 27.2, 4.2, 27.3, 12.1, 8.5, 27.3, 10.7 and
     5.9 s: packed first-fit decreasing, five windows instead of eight."""
     tails = [_tail(100 * k, *split) for k, split in enumerate(
-        [(27.2,), (4.2,), (20.0, 7.3), (12.1,), (8.5,), (27.3,), (5.0, 5.7), (5.9,)])]  # fmt: skip
+        [(27.2,), (4.2,), (20.0, 7.3), (12.1,), (8.5,), (27.3,), (5.0, 5.7), (5.9,)])]
     bins = pack_tails(tails)
     assert len(bins) == 5
     assert sorted(id(t) for b in bins for t in b) == sorted(id(t) for t in tails)  # every tail once

@@ -96,7 +96,7 @@ def openai_results(openai_tiny_en) -> Callable[[LongAudio], dict]:
 
 def _openai_rows(result: dict, spanning_words: bool = False) -> Rows:
     """openai's segments as rows; ``spanning_words``: each segment from its first word's start to its last word's
-    end, as whisperane reports them (whisperane.timing.add_word_timestamps: openai keeps a segment's own end
+    end, as whisperane reports them (whisperane.longform.words.add_word_timestamps: openai keeps a segment's own end
     timestamp when it shortened an over-long last word to it plus the median word length, so that word can end
     after its segment)."""
 
@@ -111,7 +111,7 @@ def _openai_rows(result: dict, spanning_words: bool = False) -> Rows:
 
 def _same_row(ours: tuple, theirs: tuple) -> bool:
     return (ours[3] == theirs[3] and abs(ours[0] - theirs[0]) < 1e-6
-            and abs(ours[1] - theirs[1]) < BOUNDARY_TOLERANCE and abs(ours[2] - theirs[2]) < BOUNDARY_TOLERANCE)  # fmt: skip
+            and abs(ours[1] - theirs[1]) < BOUNDARY_TOLERANCE and abs(ours[2] - theirs[2]) < BOUNDARY_TOLERANCE)
 
 
 def _divergence(ours: Rows, theirs: Rows, name: str) -> str:
@@ -124,14 +124,14 @@ def _divergence(ours: Rows, theirs: Rows, name: str) -> str:
     return (f"{name}: {len(ours)} segments in {len({row[0] for row in ours})} windows against openai-whisper's "
             f"{len(theirs)} in {len(windows)} (windows at {windows} s); first difference at segment {first} "
             f"(seek s, start, end, text):\n  {name}: {ours[first] if first < len(ours) else None}"
-            f"\n  openai: {theirs[first] if first < len(theirs) else None}")  # fmt: skip
+            f"\n  openai: {theirs[first] if first < len(theirs) else None}")
 
 
 def _transcribe(audio: LongAudio, model, **options):
     import whisperane
 
     return whisperane.transcribe(audio.samples, model=model, word_timestamps=True, temperature=DEFAULT_TEMPERATURES,
-                                 condition_on_previous_text=True, best_of=5, **options)  # fmt: skip
+                                 condition_on_previous_text=True, best_of=5, **options)
 
 
 def test_whisperane_matches_openai_whisper(long_audio, whisperane_tiny_en, openai_results):
@@ -156,7 +156,7 @@ def test_the_seek_guard_keeps_speech_openai_whisper_skips(long_audio, whisperane
     ours = _timed("whisperane, seek guard", long_audio, lambda: _transcribe(long_audio, whisperane_tiny_en))
     mids = np.array([(w.start + w.end) / 2 for s in ours.segments for w in s.words])
     empty = [c for c, a, b in zip(long_audio.clip_ids, long_audio.clip_starts, long_audio.clip_ends, strict=True)
-             if not np.any((mids >= a) & (mids <= b))]  # fmt: skip
+             if not np.any((mids >= a) & (mids <= b))]
     assert not empty, f"clips without words: {empty}"
     ours_words = Counter(w.word.strip(" ,.?!").lower() for s in ours.segments for w in s.words)
     openai_words = Counter(w["word"].strip(" ,.?!").lower() for s in theirs["segments"] for w in s["words"])
@@ -174,7 +174,7 @@ def test_faster_whisper_matches_openai_whisper(long_audio, faster_tiny_en, opena
     def run():
         segments, _ = faster_tiny_en.transcribe(
             long_audio.samples, beam_size=1, best_of=5, temperature=list(DEFAULT_TEMPERATURES),
-            condition_on_previous_text=True, word_timestamps=True)  # fmt: skip
+            condition_on_previous_text=True, word_timestamps=True)
         return list(segments)
 
     segments = _timed("faster-whisper", long_audio, run)

@@ -1,7 +1,7 @@
 """The TextDecoderContextPrefill table against exact prefill on real speech.
 
 The table holds, for every (task, language), the self-attention K/V of the forced prefix averaged over the
-encoder outputs of random inputs (DESIGN.md §2). Exact prefill runs the prefix through the decoder with the
+encoder outputs of random inputs (docs/DESIGN.md §2). Exact prefill runs the prefix through the decoder with the
 clip's own encoder output. Measured here per clip: the PSNR of the table's K/V against the exact K/V, and the
 effect on the logits of the teacher-forced transcript that follows the prefix (PSNR and greedy agreement).
 The numbers are printed (``pytest -s``) and the floors below sit under the measured minimum.
@@ -20,7 +20,8 @@ import torch
 from conftest import CLIPS, CORPUS_DIR, Clip, TorchWhisper, teacher_forced_tokens
 from reference import psnr
 
-from whisperane.bundle import MASK_VALUE, BundleInfo
+from whisperane.contract import MASK_VALUE
+from whisperane.runtime.bundle import BundleInfo
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)  # see test_convert.py: two OpenMP threads crawl on a busy two-core machine

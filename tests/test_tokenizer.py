@@ -44,7 +44,7 @@ EXTRA_TEXTS = {
 
 
 def read_ct2_shapes(model_bin: Path) -> dict[str, tuple[int, ...]]:
-    """Variable shapes from a CTranslate2 model.bin header (DESIGN.md §4), skipping the data."""
+    """Variable shapes from a CTranslate2 model.bin header (docs/DESIGN.md §4), skipping the data."""
     shapes = {}
     with open(model_bin, "rb") as f:
 

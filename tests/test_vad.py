@@ -22,17 +22,20 @@ from conftest import CORPUS_DIR, DATA_DIR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from whisperane import vad
 from whisperane.audio import N_SAMPLES, SAMPLE_RATE, load_audio, open_audio
-from whisperane.bundle import hash_path
 from whisperane.errors import ModelError, OptionsError
+from whisperane.longform import words
+from whisperane.util import file_sha256
+from whisperane.vad import regions as vad_regions
+from whisperane.vad import silero as vad_silero
+from whisperane.vad import stream as vad_stream
 
 GAP_SECONDS = (2.0, 10.0)
 NOISE_RMS = 0.003  # about -50 dBFS: a quiet room or a hissing line
 TONE_AMPLITUDE = 0.2
 MIN_VOICED_FRAMES = 3  # 30 ms: the shortest run of loud 10 ms frames counted as speech by the energy rule
 # faster-whisper's batched pipeline runs the VAD with these (transcribe.py, BatchedInferencePipeline).
-BATCHED_OPTIONS = vad.VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
+BATCHED_OPTIONS = vad_regions.VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -141,7 +144,7 @@ def gapped() -> GappedAudio:
 
 @pytest.fixture(scope="module")
 def gapped_probabilities(gapped) -> tuple[np.ndarray, int]:
-    return vad.default_vad().speech_probabilities(gapped.audio)
+    return vad_silero.default_vad().speech_probabilities(gapped.audio)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,56 +156,56 @@ def test_sequence_model_equals_streaming_model(model):
     """Many windows per call, the state carried across calls, give the probabilities of silero-vad's own
     streaming model of the same version run one 32 ms window per call (as silero-vad's OnnxWrapper does)."""
     clip = load_audio(DATA_DIR / "jfk.flac")
-    probabilities, n_samples = vad.SileroVad(model=model, windows_per_call=37).speech_probabilities(clip)
+    probabilities, n_samples = vad_silero.SileroVad(model=model, windows_per_call=37).speech_probabilities(clip)
     assert n_samples == len(clip)
-    assert len(probabilities) == -(-len(clip) // vad.WINDOW_SAMPLES)
+    assert len(probabilities) == -(-len(clip) // vad_regions.WINDOW_SAMPLES)
 
     session = ort.InferenceSession(
-        str(vad.silero_model_path(f"{model}-streaming")), providers=["CPUExecutionProvider"]
+        str(vad_silero.silero_model_path(f"{model}-streaming")), providers=["CPUExecutionProvider"]
     )
-    padded = np.pad(clip, (0, len(probabilities) * vad.WINDOW_SAMPLES - len(clip)))
+    padded = np.pad(clip, (0, len(probabilities) * vad_regions.WINDOW_SAMPLES - len(clip)))
     state = np.zeros((2, 1, 128), dtype=np.float32)
-    context = np.zeros(vad.CONTEXT_SAMPLES, dtype=np.float32)
+    context = np.zeros(vad_silero.CONTEXT_SAMPLES, dtype=np.float32)
     reference = []
-    for window in padded.reshape(-1, vad.WINDOW_SAMPLES):
+    for window in padded.reshape(-1, vad_regions.WINDOW_SAMPLES):
         row = np.concatenate([context, window])[None]
         out, state = session.run(
             None, {"input": row, "state": state, "sr": np.array(SAMPLE_RATE, dtype=np.int64)}
         )
         reference.append(out[0, 0])
-        context = window[-vad.CONTEXT_SAMPLES :]
+        context = window[-vad_silero.CONTEXT_SAMPLES :]
     np.testing.assert_allclose(probabilities, np.array(reference), rtol=0, atol=1e-5)
     assert np.ptp(probabilities) > 0.9  # speech and pauses both present: the comparison means something
 
 
 def test_model_file_checked_and_cached(tmp_path, monkeypatch):
     """The cached model matches its sha256; without network a missing or corrupt copy is one clear error."""
-    path = vad.silero_model_path()
-    model = vad.SILERO_MODELS[vad.DEFAULT_MODEL]
-    assert hash_path(path) == model.sha256
+    path = vad_silero.silero_model_path()
+    model = vad_silero.SILERO_MODELS[vad_silero.DEFAULT_MODEL]
+    assert file_sha256(path) == model.sha256
 
     monkeypatch.setenv("WHISPERANE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(vad.MODEL_ENV, raising=False)
+    monkeypatch.delenv(vad_silero.MODEL_ENV, raising=False)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip as if offline
     corrupt = tmp_path / "cache" / "vad" / f"{model.package}-{model.version}" / path.name
     corrupt.parent.mkdir(parents=True)
     corrupt.write_bytes(b"not a model")
     with pytest.raises(ModelError) as err:
-        vad.silero_model_path()
+        vad_silero.silero_model_path()
     message = str(err.value)
-    assert "\n" not in message and vad.MODEL_ENV in message and model.requirement in message
+    assert "\n" not in message and vad_silero.MODEL_ENV in message and model.requirement in message
 
-    monkeypatch.setenv(vad.MODEL_ENV, str(path))
-    assert vad.silero_model_path() == path
-    monkeypatch.setenv(vad.MODEL_ENV, str(tmp_path / "missing.onnx"))
+    monkeypatch.setenv(vad_silero.MODEL_ENV, str(path))
+    assert vad_silero.silero_model_path() == path
+    monkeypatch.setenv(vad_silero.MODEL_ENV, str(tmp_path / "missing.onnx"))
     with pytest.raises(ModelError, match="no such file"):
-        vad.silero_model_path()
+        vad_silero.silero_model_path()
 
 
 def test_tampered_wheel_is_refused(tmp_path, monkeypatch):
     """A wheel whose model files do not match the sha256 in the code is refused; nothing is cached."""
-    model = vad.SILERO_MODELS[vad.DEFAULT_MODEL]
+    model = vad_silero.SILERO_MODELS[vad_silero.DEFAULT_MODEL]
     distribution = f"{model.package.replace('-', '_')}-{model.version}"
     wheel = tmp_path / "links" / f"{distribution}-py3-none-any.whl"
     wheel.parent.mkdir()
@@ -217,9 +220,9 @@ def test_tampered_wheel_is_refused(tmp_path, monkeypatch):
         archive.writestr(f"{distribution}.dist-info/RECORD", "")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheel.parent))
-    monkeypatch.delenv(vad.MODEL_ENV, raising=False)
+    monkeypatch.delenv(vad_silero.MODEL_ENV, raising=False)
     with pytest.raises(ModelError, match="sha256"):
-        vad.silero_model_path(cache_dir=tmp_path / "cache")
+        vad_silero.silero_model_path(cache_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").rglob("*.onnx"))
 
 
@@ -227,7 +230,7 @@ def test_tampered_wheel_is_refused(tmp_path, monkeypatch):
 # speech regions
 
 
-def _faster_whisper_options(options: vad.VadOptions) -> fw_vad.VadOptions:
+def _faster_whisper_options(options: vad_regions.VadOptions) -> fw_vad.VadOptions:
     names = ("threshold", "neg_threshold", "min_speech_duration_ms", "max_speech_duration_s")
     names += ("min_silence_duration_ms", "speech_pad_ms")
     return fw_vad.VadOptions(**{name: getattr(options, name) for name in names})
@@ -236,10 +239,10 @@ def _faster_whisper_options(options: vad.VadOptions) -> fw_vad.VadOptions:
 @pytest.mark.parametrize(
     "options",
     [
-        vad.VadOptions(),
+        vad_regions.VadOptions(),
         BATCHED_OPTIONS,
-        vad.VadOptions(threshold=0.6, neg_threshold=0.3, min_speech_duration_ms=250, speech_pad_ms=30),
-        vad.VadOptions(max_speech_duration_s=4, min_silence_duration_ms=100, speech_pad_ms=200),
+        vad_regions.VadOptions(threshold=0.6, neg_threshold=0.3, min_speech_duration_ms=250, speech_pad_ms=30),
+        vad_regions.VadOptions(max_speech_duration_s=4, min_silence_duration_ms=100, speech_pad_ms=200),
     ],
     ids=["defaults", "batched", "strict", "short-max"],
 )
@@ -249,12 +252,12 @@ def test_regions_follow_faster_whisper_rules(gapped, gapped_probabilities, monke
     probabilities, n_samples = gapped_probabilities
 
     def same_probabilities(padded_audio: np.ndarray) -> np.ndarray:
-        n_windows = len(padded_audio) // vad.WINDOW_SAMPLES  # faster-whisper may add a window of padding
+        n_windows = len(padded_audio) // vad_regions.WINDOW_SAMPLES  # faster-whisper may add a window of padding
         return np.pad(probabilities, (0, n_windows - len(probabilities)))[:n_windows]
 
     monkeypatch.setattr(fw_vad, "get_vad_model", lambda: same_probabilities)
     expected = fw_vad.get_speech_timestamps(gapped.audio, _faster_whisper_options(options))
-    regions = vad.speech_regions(probabilities, n_samples, options)
+    regions = vad_regions.speech_regions(probabilities, n_samples, options)
     assert [(r.start, r.end) for r in regions] == [(d["start"], d["end"]) for d in expected]
     assert len(regions) >= len(gapped.clips) // 2  # the gaps do split the speech
 
@@ -263,7 +266,7 @@ def test_probabilities_equal_faster_whisper_model(gapped, gapped_probabilities):
     """The default model scored in blocks of WINDOWS_PER_CALL windows gives faster-whisper's probabilities
     (its model over the whole signal in calls of 10000 windows; it zeroes the last 64 samples, so its last
     window is left out). Measured: equal to within 2e-6."""
-    padded = np.pad(gapped.audio, (0, vad.WINDOW_SAMPLES - len(gapped.audio) % vad.WINDOW_SAMPLES))
+    padded = np.pad(gapped.audio, (0, vad_regions.WINDOW_SAMPLES - len(gapped.audio) % vad_regions.WINDOW_SAMPLES))
     reference = fw_vad.get_vad_model()(padded)
     probabilities, n_samples = gapped_probabilities
     assert n_samples == len(gapped.audio)
@@ -271,25 +274,25 @@ def test_probabilities_equal_faster_whisper_model(gapped, gapped_probabilities):
 
 
 def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, monkeypatch, tmp_path):
-    """The VAD runs the published graph with its 1-D convolutions rewritten as 2-D ones (vad_graph): no 1-D
+    """The VAD runs the published graph with its 1-D convolutions rewritten as 2-D ones (vad.graph): no 1-D
     convolution is left, and the published graph itself gives the same probabilities (the two tests above
     check the rewritten one against silero-vad's streaming model and faster-whisper's); without the onnx
     package the published graph is used as it is."""
     import onnx
 
-    from whisperane.vad_graph import conv2d_variant
+    from whisperane.vad.graph import conv2d_variant
 
-    published = vad.silero_model_path()
-    rewritten = conv2d_variant(published, vad.default_vad_dir() / "conv2d")
+    published = vad_silero.silero_model_path()
+    rewritten = conv2d_variant(published, vad_silero.default_vad_dir() / "conv2d")
     assert rewritten != published and rewritten.is_file()
     graph = onnx.load(str(rewritten)).graph
     weights = {w.name: len(w.dims) for w in graph.initializer}
     convs = [n for n in graph.node if n.op_type == "Conv"]
     assert len(convs) >= 5 and all(weights[n.input[1]] == 4 for n in convs)
-    assert vad.default_vad()._session._model_path == str(rewritten)
+    assert vad_silero.default_vad()._session._model_path == str(rewritten)
 
-    reference = vad.SileroVad(model_path=published)
-    reference._session = vad._session(str(published), 1)
+    reference = vad_silero.SileroVad(model_path=published)
+    reference._session = vad_silero.onnx_session(str(published), 1)
     probabilities, _ = reference.speech_probabilities(gapped.audio)
     np.testing.assert_allclose(gapped_probabilities[0], probabilities, rtol=0, atol=2e-5)
 
@@ -298,32 +301,32 @@ def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, 
 
 
 def test_damaged_rewritten_graph_falls_back_and_is_rebuilt():
-    vad._session.cache_clear()
-    vad.SileroVad()  # writes the rewritten graph if it is missing (or replaces a damaged one on the next load)
-    rewritten = vad.SileroVad()._session._model_path
+    vad_silero.onnx_session.cache_clear()
+    vad_silero.SileroVad()  # writes the rewritten graph if it is missing (or replaces a damaged one on the next load)
+    rewritten = vad_silero.SileroVad()._session._model_path
     assert rewritten.endswith(".conv2d.onnx")
     with open(rewritten, "r+b") as f:
         f.truncate(1000)
-    vad._session.cache_clear()  # as a new process: no session already open on the file
-    assert vad.SileroVad()._session._model_path == str(vad.silero_model_path())  # the published graph
-    assert vad.SileroVad()._session._model_path == rewritten  # rewritten again on the next load
+    vad_silero.onnx_session.cache_clear()  # as a new process: no session already open on the file
+    assert vad_silero.SileroVad()._session._model_path == str(vad_silero.silero_model_path())  # the published graph
+    assert vad_silero.SileroVad()._session._model_path == rewritten  # rewritten again on the next load
 
 
-@pytest.mark.parametrize("options", [vad.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])
+@pytest.mark.parametrize("options", [vad_regions.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])
 def test_clips_give_faster_whisper_regions(gapped, options):
     """faster-whisper's own get_speech_timestamps (its model, its code) on each clip alone: the same regions,
     to the sample on all the clips."""
     for _, clip in gapped.clips:
-        regions = vad.get_speech_timestamps(clip.audio, options)
+        regions = vad_silero.get_speech_timestamps(clip.audio, options)
         expected = fw_vad.get_speech_timestamps(clip.audio, _faster_whisper_options(options))
         assert [(r.start, r.end) for r in regions] == [(d["start"], d["end"]) for d in expected], clip.name
 
 
-@pytest.mark.parametrize("options", [vad.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])
+@pytest.mark.parametrize("options", [vad_regions.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])
 def test_speech_kept_and_gaps_dropped(gapped, gapped_probabilities, options):
     """Every reference word (or loud frame) of every clip lies inside kept audio but for late onsets, and no region lies
     entirely inside an inserted gap of silence, noise or tones."""
-    regions = vad.speech_regions(*gapped_probabilities, options)
+    regions = vad_regions.speech_regions(*gapped_probabilities, options)
     # Regions that touch (padding split a short pause between them) are one stretch of kept audio.
     spans: list[list[int]] = []
     for region in regions:
@@ -378,11 +381,11 @@ def test_five_minutes_of_silence_and_noise_give_no_speech(tmp_path):
         return out
 
     stream.read = spy
-    probabilities, n_samples = vad.default_vad().speech_probabilities(stream)
+    probabilities, n_samples = vad_silero.default_vad().speech_probabilities(stream)
     assert n_samples == 5 * minute
-    assert vad.speech_regions(probabilities, n_samples) == []
-    assert vad.speech_regions(probabilities, n_samples, BATCHED_OPTIONS) == []
-    block = vad.WINDOWS_PER_CALL * vad.WINDOW_SAMPLES
+    assert vad_regions.speech_regions(probabilities, n_samples) == []
+    assert vad_regions.speech_regions(probabilities, n_samples, BATCHED_OPTIONS) == []
+    block = vad_silero.WINDOWS_PER_CALL * vad_regions.WINDOW_SAMPLES
     assert all(n == block for _, n in reads) and [s for s, _ in reads] == list(
         range(0, len(reads) * block, block)
     )
@@ -402,7 +405,7 @@ def _regions_strategy():
     def build(items):
         regions, pos = [], 0
         for gap, length in items:
-            regions.append(vad.SpeechRegion(pos + gap, pos + gap + length))
+            regions.append(vad_regions.SpeechRegion(pos + gap, pos + gap + length))
             pos += gap + length
         return regions
 
@@ -412,7 +415,7 @@ def _regions_strategy():
 @settings(max_examples=150, deadline=None)
 @given(regions=_regions_strategy(), data=st.data())
 def test_time_map_round_trips(regions, data):
-    time_map = vad.SpeechTimestampsMap(regions)
+    time_map = vad_regions.SpeechTimestampsMap(regions)
     assert time_map.n_samples == sum(r.n_samples for r in regions)  # every sample, once
     time = data.draw(st.floats(0, time_map.n_samples / SAMPLE_RATE))
     original = time_map.original_time(time)
@@ -427,7 +430,7 @@ def test_time_map_matches_faster_whisper(regions, data):
     """faster-whisper's SpeechTimestampsMap (rounded to 10 ms) gives the same original times."""
     as_dicts = [{"start": r.start, "end": r.end} for r in regions]
     reference = fw_vad.SpeechTimestampsMap(as_dicts, SAMPLE_RATE)
-    ours = vad.SpeechTimestampsMap(regions)
+    ours = vad_regions.SpeechTimestampsMap(regions)
     time = data.draw(st.floats(0, ours.n_samples / SAMPLE_RATE))
     index = ours.region_index(time)
     assert ours.original_time(time, index) == pytest.approx(
@@ -449,11 +452,11 @@ def test_bad_options_are_one_line_errors():
     )
     for bad in bad_options:
         with pytest.raises(OptionsError, match="VAD") as err:
-            vad.VadOptions(**bad)
+            vad_regions.VadOptions(**bad)
         assert "\n" not in str(err.value) and isinstance(err.value, ValueError)
-    assert vad.VadOptions(threshold=np.float32(0.6), speech_pad_ms=np.int64(30)).speech_pad_ms == 30
+    assert vad_regions.VadOptions(threshold=np.float32(0.6), speech_pad_ms=np.int64(30)).speech_pad_ms == 30
     with pytest.raises(OptionsError, match="VadOptions"):
-        vad.speech_stream(np.zeros(SAMPLE_RATE, dtype=np.float32), {"threshold": 0.5})
+        vad_stream.speech_stream(np.zeros(SAMPLE_RATE, dtype=np.float32), {"threshold": 0.5})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -474,7 +477,7 @@ def gapped_file(gapped, tmp_path_factory):
 @pytest.fixture(scope="module")
 def gapped_file_stream(gapped_file):
     """speech_stream over the file (its own VAD pass); the tests read fresh streams on its regions."""
-    with vad.speech_stream(gapped_file) as stream:
+    with vad_stream.speech_stream(gapped_file) as stream:
         return stream
 
 
@@ -482,7 +485,7 @@ def test_speech_stream_of_a_file_has_the_regions_of_its_samples(
     gapped, gapped_probabilities, gapped_file, gapped_file_stream
 ):
     stream = gapped_file_stream
-    regions = vad.speech_regions(*gapped_probabilities)
+    regions = vad_regions.speech_regions(*gapped_probabilities)
     assert stream.regions == tuple(regions) and len(regions) >= len(gapped.clips) // 2
     assert stream.original_n_samples == len(gapped.audio)
     assert stream.original_duration == pytest.approx(len(gapped.audio) / SAMPLE_RATE)
@@ -503,7 +506,7 @@ def test_speech_stream_reads_are_the_concatenated_regions(gapped, gapped_file, g
     happens to, return exactly the samples of the regions one after another (the file's samples)."""
     regions = gapped_file_stream.regions
     expected = _speech_only(gapped.audio, regions)
-    with vad.SpeechStream(open_audio(gapped_file), regions, len(gapped.audio)) as stream:
+    with vad_stream.SpeechStream(open_audio(gapped_file), regions, len(gapped.audio)) as stream:
         start = 0
         for advance, n in reads:
             start += advance
@@ -524,18 +527,18 @@ def test_speech_stream_memory_is_bounded_on_20_minutes(gapped, gapped_probabilit
     # regions alone gave 4 reads across region boundaries.
     copies = -(-4 * 60 * SAMPLE_RATE // len(gapped_pcm))
     pcm = np.tile(gapped_pcm, copies)
-    once = [vad.SpeechRegion(r.start + k * len(gapped_pcm), r.end + k * len(gapped_pcm))
-            for k in range(copies) for r in vad.speech_regions(*gapped_probabilities)]  # fmt: skip
+    once = [vad_regions.SpeechRegion(r.start + k * len(gapped_pcm), r.end + k * len(gapped_pcm))
+            for k in range(copies) for r in vad_regions.speech_regions(*gapped_probabilities)]
     # Silence of 5 minutes or more, as much as the 20 minutes need.
     second = max(len(pcm) + 5 * 60 * SAMPLE_RATE, 20 * 60 * SAMPLE_RATE - len(pcm))
     audio = np.concatenate([pcm, np.zeros(second - len(pcm), dtype=np.int16), pcm])
     assert len(audio) >= 20 * 60 * SAMPLE_RATE
     path = tmp_path / "long.wav"
     sf.write(path, audio, SAMPLE_RATE, subtype="PCM_16")
-    regions = [*once, *(vad.SpeechRegion(r.start + second, r.end + second) for r in once)]
+    regions = [*once, *(vad_regions.SpeechRegion(r.start + second, r.end + second) for r in once)]
     expected = _speech_only(audio, regions).astype(np.float32) / 32768  # libsndfile's int16 -> float scale
     rng = np.random.default_rng(3)
-    with vad.SpeechStream(open_audio(path), regions, len(audio)) as stream:
+    with vad_stream.SpeechStream(open_audio(path), regions, len(audio)) as stream:
         offsets = np.cumsum([0] + [r.n_samples for r in regions])
         start, spanning, held = 0, 0, []
         while start < stream.n_samples:
@@ -554,7 +557,7 @@ def test_speech_stream_of_silence_is_empty(tmp_path):
     audio = np.concatenate([np.zeros(10 * SAMPLE_RATE), rng.normal(0, NOISE_RMS, 10 * SAMPLE_RATE)])
     path = tmp_path / "quiet.flac"
     sf.write(path, audio.astype(np.float32), SAMPLE_RATE)
-    with vad.speech_stream(path) as stream:
+    with vad_stream.speech_stream(path) as stream:
         assert stream.n_samples == 0 and stream.duration == 0 and stream.regions == ()
         assert stream.time_map is None and stream.original_duration == pytest.approx(20.0)
         assert stream.read(0, N_SAMPLES).size == 0 and stream.read(N_SAMPLES, 10).size == 0
@@ -579,9 +582,9 @@ def _segments_strategy(total_s: float):
                 break
             pairs = zip(span[::2], span[1::2], strict=False)
             words = [{"word": f" w{j}", "start": round(a * 0.02, 2), "end": round(b * 0.02, 2)}
-                     for j, (a, b) in enumerate(pairs)]  # fmt: skip
+                     for j, (a, b) in enumerate(pairs)]
             segments.append({"seek": 0, "start": words[0]["start"], "end": words[-1]["end"],
-                             "words": words if size else []})  # fmt: skip
+                             "words": words if size else []})
             i += len(span)
         return segments
 
@@ -611,10 +614,10 @@ def _faster_whisper_restored(segments: list[dict], regions) -> list[fw_transcrib
 @settings(max_examples=150, deadline=None)
 @given(regions=_regions_strategy(), data=st.data())
 def test_restored_times_round_trip_stay_in_speech_and_keep_their_order(regions, data):
-    time_map = vad.SpeechTimestampsMap(regions)
+    time_map = vad_regions.SpeechTimestampsMap(regions)
     segments = data.draw(_segments_strategy(time_map.n_samples / SAMPLE_RATE))
     originals = json.loads(json.dumps(segments))
-    vad.restore_timestamps(segments, time_map)
+    words.restore_timestamps(segments, time_map)
     flat = []
     for segment, original in zip(segments, originals, strict=True):
         spans = _spans(segment)
@@ -634,7 +637,7 @@ def test_restored_times_match_faster_whisper(regions, data):
     """faster-whisper's restore_speech_timestamps on the same segments: the same times (to its 10 ms
     rounding) for segments without words and for words inside one region. Words across a boundary differ by
     design (test_restored_times_on_region_boundaries): ours start and end in speech."""
-    time_map = vad.SpeechTimestampsMap(regions)
+    time_map = vad_regions.SpeechTimestampsMap(regions)
     segments = data.draw(_segments_strategy(time_map.n_samples / SAMPLE_RATE))
     fw_segments = _faster_whisper_restored(segments, regions)
     ends = np.array(time_map._filtered_ends)
@@ -643,7 +646,7 @@ def test_restored_times_match_faster_whisper(regions, data):
         return bool(np.abs(time * SAMPLE_RATE - ends).min() <= 1)
 
     speech_spans = [_spans(segment) for segment in segments]
-    vad.restore_timestamps(segments, time_map)
+    words.restore_timestamps(segments, time_map)
     for ours, theirs, spans in zip(segments, fw_segments, speech_spans, strict=True):
         pairs = list(zip(ours["words"], theirs.words or [], strict=True)) or [(ours, theirs)]
         for (mine, fw), (start, end) in zip(pairs, spans, strict=True):
@@ -661,13 +664,13 @@ def test_restored_times_on_region_boundaries():
     of speech. A start on a boundary goes to the next region, an end to the previous one; an empty word on a
     boundary stays empty; a word across a boundary spans the removed audio, where faster-whisper (mapping
     both ends in the region of the middle) starts it inside the removed 6-10 s."""
-    regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in ((1, 3), (5, 6), (10, 12))]
+    regions = [vad_regions.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in ((1, 3), (5, 6), (10, 12))]
     words = [(1.5, 2.0), (2.0, 2.0), (2.0, 2.5), (2.9, 3.1)]
     segments = [
         {"start": 1.5, "end": 3.1, "words": [{"word": "", "start": a, "end": b} for a, b in words]},
         {"start": 2.0, "end": 3.0, "words": []},
     ]
-    vad.restore_timestamps(segments, vad.SpeechTimestampsMap(regions))
+    words.restore_timestamps(segments, vad_regions.SpeechTimestampsMap(regions))
     assert _spans(segments[0]) == [(2.5, 3.0), (5.0, 5.0), (5.0, 5.5), (5.9, 10.1)]
     assert (segments[0]["start"], segments[0]["end"]) == (2.5, 10.1)
     assert (segments[1]["start"], segments[1]["end"]) == (5.0, 6.0)
@@ -680,14 +683,14 @@ def test_words_across_removed_audio_stay_where_the_vad_hears_them():
     windows are voiced: regions [1, 3) and [10, 12) s (the word at 1.9-2.4 s of speech spans 2.9-10.4 s).
     Voice at 10.2-11 s: the word starts at its first voiced window (10.208 s), not at 2.9 s; voice at
     2.5-3 s only: it ends at the first region's end (3.0 s). Nothing voiced: unchanged."""
-    regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in ((1, 3), (10, 12))]
-    time_map = vad.SpeechTimestampsMap(regions)
-    window = vad.WINDOW_SAMPLES / SAMPLE_RATE
-    times = np.arange(12 * SAMPLE_RATE // vad.WINDOW_SAMPLES) * window
+    regions = [vad_regions.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in ((1, 3), (10, 12))]
+    time_map = vad_regions.SpeechTimestampsMap(regions)
+    window = vad_regions.WINDOW_SAMPLES / SAMPLE_RATE
+    times = np.arange(12 * SAMPLE_RATE // vad_regions.WINDOW_SAMPLES) * window
 
     def restored(voiced_from: float, voiced_to: float) -> tuple[float, float]:
         segments = [{"start": 1.9, "end": 2.4, "words": [{"word": " For", "start": 1.9, "end": 2.4}]}]
-        vad.restore_timestamps(segments, time_map, (times >= voiced_from) & (times < voiced_to))
+        words.restore_timestamps(segments, time_map, (times >= voiced_from) & (times < voiced_to))
         return segments[0]["words"][0]["start"], segments[0]["words"][0]["end"]
 
     assert restored(10.2, 11.0) == (pytest.approx(10.208, abs=1e-3), 10.4)
@@ -700,14 +703,14 @@ def test_start_in_a_padded_head_after_removed_audio_moves_to_the_voice():
     region, starts at that window (worked out by hand: regions [1, 3) and [10, 12) s, voice from 1.2 and from
     10.2 s: first voiced windows at 1.216 and 10.208 s). A word that ends before the voice, or a region at the
     audio's start (nothing removed before it), keeps DTW's start."""
-    window = vad.WINDOW_SAMPLES / SAMPLE_RATE
-    times = np.arange(12 * SAMPLE_RATE // vad.WINDOW_SAMPLES) * window
+    window = vad_regions.WINDOW_SAMPLES / SAMPLE_RATE
+    times = np.arange(12 * SAMPLE_RATE // vad_regions.WINDOW_SAMPLES) * window
     voiced = ((times >= 1.2) & (times < 3)) | (times >= 10.2)
 
     def restored(region_bounds, start: float, end: float) -> tuple[float, float]:
-        regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in region_bounds]
+        regions = [vad_regions.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in region_bounds]
         segments = [{"start": start, "end": end, "words": [{"word": " For", "start": start, "end": end}]}]
-        vad.restore_timestamps(segments, vad.SpeechTimestampsMap(regions), voiced)
+        words.restore_timestamps(segments, vad_regions.SpeechTimestampsMap(regions), voiced)
         return segments[0]["words"][0]["start"], segments[0]["words"][0]["end"]
 
     assert restored(((1, 3), (10, 12)), 2.05, 2.4) == (pytest.approx(10.208, abs=1e-3), 10.4)
@@ -722,13 +725,13 @@ def test_late_first_word_after_removed_audio_starts_at_the_voice():
     clip's first sound, 0.17 s into the voice). Regions [1, 3) and [10, 12) s, voice from 10.2 s (first voiced
     window 10.208 s): a word at 2.4-2.6 s of speech (10.4-10.6 s) starts at 10.208 s. Kept: with a pause in the
     voice before it, with a word before it in the same region, and in a region with nothing removed before it."""
-    window = vad.WINDOW_SAMPLES / SAMPLE_RATE
-    times = np.arange(12 * SAMPLE_RATE // vad.WINDOW_SAMPLES) * window
+    window = vad_regions.WINDOW_SAMPLES / SAMPLE_RATE
+    times = np.arange(12 * SAMPLE_RATE // vad_regions.WINDOW_SAMPLES) * window
 
     def restored(voiced, words, bounds=((1, 3), (10, 12))) -> list[tuple[float, float]]:
-        regions = [vad.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in bounds]
+        regions = [vad_regions.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in bounds]
         segment = {"start": words[0][0], "end": words[-1][1], "words": [{"word": " w", "start": a, "end": b} for a, b in words]}
-        vad.restore_timestamps([segment], vad.SpeechTimestampsMap(regions), voiced)
+        words.restore_timestamps([segment], vad_regions.SpeechTimestampsMap(regions), voiced)
         return [(w["start"], w["end"]) for w in segment["words"]]
 
     voice = times >= 10.2
@@ -750,12 +753,12 @@ def test_restored_corpus_words_come_back_to_the_clips(gapped, gapped_file_stream
         words = [(a, b) for a, b in words if any(r.start <= a and b <= r.end for r in stream.regions)]
         expected += [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in words]
         speech = [{"start": time_map.speech_time(a / SAMPLE_RATE), "end": time_map.speech_time(b / SAMPLE_RATE)}
-                  for a, b in words]  # fmt: skip
+                  for a, b in words]
         if speech:
             segments.append({"start": speech[0]["start"], "end": speech[-1]["end"], "words": speech})
     assert len(expected) >= 100
     fw_segments = _faster_whisper_restored(segments, stream.regions)
-    vad.restore_timestamps(segments, time_map)
+    words.restore_timestamps(segments, time_map)
     restored = [(w["start"], w["end"]) for s in segments for w in s["words"]]
     np.testing.assert_allclose(restored, expected, rtol=0, atol=1e-3)
     reference = [(w.start, w.end) for s in fw_segments for w in s.words]

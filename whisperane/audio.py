@@ -14,7 +14,6 @@ import os
 import shutil
 import struct
 import subprocess
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -50,10 +49,13 @@ _SOUNDFILE_EXTENSIONS = {fmt.lower() for fmt in sf.available_formats()} | {
 }
 
 AudioSource = str | os.PathLike | np.ndarray
+# what `whisperane transcribe DIR` and `whisperane batch DIR` take for audio
+AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".mp4", ".aac", ".webm", ".wma", ".aiff", ".aif", ".mkv", ".mov"}
 
 
 # --------------------------------------------------------------------------------------------------
 # arrays
+
 
 
 def _to_mono_float32(audio: np.ndarray, name: str) -> np.ndarray:
@@ -155,7 +157,7 @@ def _ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
     cmd = [
         ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
         "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-",
-    ]  # fmt: skip
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, check=False)
     except OSError as e:
@@ -272,7 +274,7 @@ class AudioStream:
         )
         self._frames_read = 0
         self._exhausted = False
-        self._in_memory = False
+        self.in_memory = False
         self._buf = np.zeros(0, dtype=np.float32)
         self._buf_start = 0  # index (at sample_rate) of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
@@ -292,7 +294,7 @@ class AudioStream:
         self._buf_start = 0
         self._keep_from = 0
         self._exhausted = True
-        self._in_memory = True
+        self.in_memory = True
         self._header_frames = len(self._buf)
         self._frames_read = len(self._buf)
         return self
@@ -329,7 +331,7 @@ class AudioStream:
                 f"back to {self._keep_from}); use load_audio() for random access"
             )
         end = start_sample + n_samples
-        if not self._in_memory:
+        if not self.in_memory:
             keep_from = max(self._keep_from, min(start_sample, end - self._history))
             self._decode_until(end, keep_from)
             self._keep_from = keep_from
@@ -341,7 +343,7 @@ class AudioStream:
         """Every sample from the start (only before the stream has released any)."""
         if self._keep_from > 0:
             raise ValueError(f"{self.name}: the stream has already released its beginning")
-        if not self._in_memory:
+        if not self.in_memory:
             self._decode_until(None, 0)
         return self._buf.copy()
 
@@ -456,56 +458,3 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
     """The whole signal as float32 mono at ``sr`` Hz. Arrays are taken as 16 kHz (integers scaled)."""
     with open_audio(source, sample_rate=sr) as stream:
         return stream.read_all()
-
-
-# --------------------------------------------------------------------------------------------------
-# mel filter bank (openai-whisper's, as librosa computes it)
-
-
-def _hz_to_mel_slaney(freq: np.ndarray) -> np.ndarray:
-    freq = np.asarray(freq, dtype=np.float64)
-    f_sp = 200.0 / 3  # linear part: 3 mels per 200 Hz
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = np.log(6.4) / 27.0
-    mels = freq / f_sp
-    log_region = freq >= min_log_hz
-    mels[log_region] = min_log_mel + np.log(freq[log_region] / min_log_hz) / logstep
-    return mels
-
-
-def _mel_to_hz_slaney(mels: np.ndarray) -> np.ndarray:
-    mels = np.asarray(mels, dtype=np.float64)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = np.log(6.4) / 27.0
-    freqs = f_sp * mels
-    log_region = mels >= min_log_mel
-    freqs[log_region] = min_log_hz * np.exp(logstep * (mels[log_region] - min_log_mel))
-    return freqs
-
-
-@lru_cache(maxsize=4)
-def _mel_filters(n_mels: int, sample_rate: int, n_fft: int) -> np.ndarray:
-    fft_freqs = np.fft.rfftfreq(n_fft, d=1.0 / sample_rate)
-    mel_edges = np.linspace(
-        _hz_to_mel_slaney(np.array([0.0]))[0], _hz_to_mel_slaney(np.array([sample_rate / 2]))[0], n_mels + 2
-    )
-    hz_edges = _mel_to_hz_slaney(mel_edges)
-    widths = np.diff(hz_edges)
-    ramps = hz_edges[:, None] - fft_freqs[None, :]
-    lower = -ramps[:-2] / widths[:-1, None]
-    upper = ramps[2:] / widths[1:, None]
-    weights = np.maximum(0.0, np.minimum(lower, upper))
-    # Slaney normalisation: each triangle has unit area in Hz, so the bands are roughly equal in energy.
-    weights *= (2.0 / (hz_edges[2:] - hz_edges[:-2]))[:, None]
-    return weights.astype(np.float32)
-
-
-def mel_filters(n_mels: int) -> np.ndarray:
-    """Slaney-scale, Slaney-normalised mel filter bank [n_mels, N_FFT // 2 + 1] float32 (what
-    ``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)`` returns and openai-whisper ships)."""
-    if n_mels <= 0:
-        raise ValueError(f"n_mels must be positive, got {n_mels}")
-    return _mel_filters(int(n_mels), SAMPLE_RATE, N_FFT).copy()

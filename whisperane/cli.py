@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import importlib
 import os
 import signal
 import sys
@@ -25,21 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .console import ModelUnavailable, describe_error, print_error
 from .errors import WhisperaneError
+from .options import COMPUTE_TYPES, EXECUTORS
 from .writers import OUTPUT_FORMATS, SUBTITLE_OPTIONS
-
-AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".mp4", ".aac", ".webm", ".wma", ".aiff", ".aif", ".mkv", ".mov"}
-
-
-def _error(msg: str) -> None:
-    print(f"whisperane: error: {msg}", file=sys.stderr, flush=True)
 
 
 def add_transcribe_parser(sub) -> None:
     from .options import add_option_arguments, str2bool
 
     p = sub.add_parser("transcribe", help="transcribe audio files to timestamped text",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("audio", nargs="+", help="audio files or directories of audio files")
     add_model_arguments(p)
     p.add_argument("--output-format", "-f", default="json", choices=(*OUTPUT_FORMATS, "all"))
@@ -56,10 +51,10 @@ def add_transcribe_parser(sub) -> None:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that pick and load a model (shared by ``transcribe`` and ``batch``)."""
     p.add_argument("--model", default="tiny.en", help="model name (converted on first use) or bundle directory")
-    p.add_argument("--executor", default="onnx", choices=["onnx", "coreml"])
+    p.add_argument("--executor", default="onnx", choices=EXECUTORS)
     p.add_argument("--compute-units", default="ALL", help="Core ML compute units: ALL, CPU_ONLY, CPU_AND_GPU, CPU_AND_NE")
-    p.add_argument("--compute-type", default="default", choices=["default", "int8", "float32"],
-                   help="int8 or float32 encoder and decoder (default: int8 on the CPU when the bundle has it)")  # fmt: skip
+    p.add_argument("--compute-type", default="default", choices=COMPUTE_TYPES,
+                   help="int8 or float32 encoder and decoder (default: int8 on the CPU when the bundle has it)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for the executor (0: all cores)")
 
 
@@ -74,6 +69,8 @@ class _Job:
 def _plan_jobs(paths: list[str], output_dir: str) -> list[_Job]:
     """Inputs in order, each file once. Files found in a directory argument keep their subdirectory under the
     output directory, so that ``a/x.wav`` and ``b/x.wav`` do not write the same ``x.json``."""
+    from .audio import AUDIO_EXTENSIONS
+
     jobs: list[_Job] = []
     seen: set[str] = set()
     for p in paths:
@@ -119,7 +116,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     from .writers import outputs_complete
 
     if args.threads is not None and args.threads < 0:
-        _error("--threads must be >= 0")
+        print_error("--threads must be >= 0")
         return 2
     options = options_from_args(args)  # an OptionsError is one line and exit 1, before any file is read
     to_stdout = args.output_dir == "-"
@@ -127,7 +124,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         try:
             os.makedirs(args.output_dir, exist_ok=True)
         except OSError as e:
-            _error(f"{args.output_dir}: cannot create the output directory ({e.strerror or e})")
+            print_error(f"{args.output_dir}: cannot create the output directory ({e.strerror or e})")
             return 1
     jobs = _plan_jobs(args.audio, args.output_dir)
     formats = "json" if to_stdout else args.output_format
@@ -143,17 +140,17 @@ def run_transcribe(args: argparse.Namespace) -> int:
     for job in todo:
         try:
             run(job, clashes)
-        except _ModelUnavailable as e:
-            _error(str(e))  # no file can be transcribed without the model
+        except ModelUnavailable as e:
+            print_error(str(e))  # no file can be transcribed without the model
             return 1
         except WhisperaneError as e:
             failures.append((job.path, _report(str(e))))
         except (ValueError, OSError) as e:
-            failures.append((job.path, _report(f"{job.path}: {_describe(e)}")))
+            failures.append((job.path, _report(f"{job.path}: {describe_error(e)}")))
         except Exception as e:  # noqa: BLE001 - one bad file must not end a batch, nor print a traceback
             if os.environ.get("WHISPERANE_DEBUG"):
                 raise
-            failures.append((job.path, _report(f"{job.path}: internal error ({_describe(e)}); set WHISPERANE_DEBUG=1 for a traceback")))
+            failures.append((job.path, _report(f"{job.path}: internal error ({describe_error(e)}); set WHISPERANE_DEBUG=1 for a traceback")))
     if failures and len(todo) > 1:
         print(f"whisperane: {len(failures)} of {len(todo)} file(s) failed:", file=sys.stderr)
         for _path, msg in failures:
@@ -176,28 +173,26 @@ class _FileRunner:
         a = self.args
         try:
             return loading.load_model(a.model, executor=a.executor, threads=a.threads or None,
-                                      compute_units=a.compute_units, compute_type=a.compute_type)  # fmt: skip
+                                      compute_units=a.compute_units, compute_type=a.compute_type)
         except WhisperaneError as e:
-            raise _ModelUnavailable(str(e)) from None
+            raise ModelUnavailable(str(e)) from None
 
     def __call__(self, job: _Job, clashes: dict[str, str]) -> None:
         from .audio import open_audio
-
-        transcribing = importlib.import_module(f"{__package__}.transcribe")  # the package binds the function
+        from .transcribe import transcribe  # looked up at each call: tests replace it in its module
 
         path, args, t0 = job.path, self.args, time.time()
         if os.path.isdir(path):
             raise WhisperaneError(f"{path}: directory holds no audio files")
         if path in clashes:
             raise WhisperaneError(f"{path}: its outputs would overwrite those of {clashes[path]} (same name); "
-                                  "rename one of them or transcribe them into separate output directories")  # fmt: skip
+                                  "rename one of them or transcribe them into separate output directories")
         with open_audio(path) as stream:  # a bad file fails here, before the model is loaded
             duration = stream.duration
         self.model = self.model or self._load()
-        bar = _progress_bar(args.progress, duration, path)
+        bar = progress_bar(args.progress, duration, path)
         try:  # by path: transcribe() reads it twice (the file's log-mel peak first, as openai-whisper floors it)
-            result = transcribing.transcribe(path, self.model, progress=bar.update if bar else None,
-                                             **self.options.to_kwargs())  # fmt: skip
+            result = transcribe(path, self.model, progress=bar.update if bar else None, **self.options.to_kwargs())
         finally:
             if bar:
                 bar.close()
@@ -218,17 +213,8 @@ class _FileRunner:
         print(f"whisperane: {job.path} -> {names} ({time.time() - t0:.2f} s)", file=sys.stderr)
 
 
-class _ModelUnavailable(WhisperaneError):
-    """The model could not be loaded: the batch stops there."""
-
-
-def _describe(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
 def _report(msg: str) -> str:
-    _error(msg)
+    print_error(msg)
     return msg
 
 
@@ -250,7 +236,7 @@ class _Bar:
         self.tqdm.close()
 
 
-def _progress_bar(flag: bool | None, duration: float, name: str) -> _Bar | None:
+def progress_bar(flag: bool | None, duration: float, name: str) -> _Bar | None:
     show = flag if flag is not None else (duration > 60 and sys.stderr.isatty())
     return _Bar(duration, name) if show else None
 
@@ -267,7 +253,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     add_convert_parser(sub)
     if argv and argv[0] == "batch":  # its module imports pyarrow (seconds): only when the command is batch
-        from .batch import add_batch_parser
+        from .ray_batch.command import add_batch_parser
 
         add_batch_parser(sub)
     else:
@@ -321,22 +307,22 @@ def main(argv: list[str] | None = None) -> int:
                 if args.command == "transcribe":
                     return run_transcribe(args)
                 if args.command == "batch":
-                    from .batch import run_batch
+                    from .ray_batch.command import run_batch
 
                     return run_batch(args)
                 from .convert.cli import run_convert
 
                 return run_convert(args)
             except KeyboardInterrupt:
-                _error("interrupted; outputs already written are complete, nothing partial was left")
+                print_error("interrupted; outputs already written are complete, nothing partial was left")
                 return 130
             except WhisperaneError as e:
-                _error(str(e))
+                print_error(str(e))
                 return 1
             except Exception as e:  # noqa: BLE001 - the one-line contract holds for the unforeseen too
                 if os.environ.get("WHISPERANE_DEBUG"):
                     raise
-                _error(f"internal error ({_describe(e)}); set WHISPERANE_DEBUG=1 for a traceback")
+                print_error(f"internal error ({describe_error(e)}); set WHISPERANE_DEBUG=1 for a traceback")
                 return 1
     finally:
         if previous is not None:

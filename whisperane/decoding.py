@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from .audio import TIME_PRECISION
-from .decoder import DecoderState, logsumexp
 from .errors import WhisperaneError
-from .model import EncodedWindow, WhisperaneModel
-from .options import DecodingOptions
+from .options import DecodingOptions, token_ids
+from .runtime.decoder import CrossAttention, logsumexp
+from .runtime.model import WhisperaneModel
+from .runtime.state import DecoderState
 from .tokenizer import Tokenizer
 
 
@@ -122,12 +123,7 @@ class ApplyTimestampRules(LogitFilter):
 
 def suppress_token_ids(option: str | Iterable[int] | None, tokenizer: Tokenizer, default: Sequence[int]) -> list[int]:
     """openai-whisper's rule: "-1" stands for the default set (non-speech symbols and the special tokens)."""
-    if option is None:
-        ids: list[int] = []
-    elif isinstance(option, str):
-        ids = [int(t) for t in option.split(",") if t.strip()]
-    else:
-        ids = [int(t) for t in option]
+    ids = list(token_ids(option) or ())
     if -1 in ids:
         ids = [t for t in ids if t >= 0] + list(default)
     ids += [tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm]
@@ -138,12 +134,12 @@ def suppress_token_ids(option: str | Iterable[int] | None, tokenizer: Tokenizer,
 # --- language detection ---------------------------------------------------------------------------------
 
 
-def detect_language(model: WhisperaneModel, enc: EncodedWindow, tokenizer: Tokenizer) -> tuple[str, dict[str, float]]:
+def detect_language(model: WhisperaneModel, enc: CrossAttention, tokenizer: Tokenizer) -> tuple[str, dict[str, float]]:
     """Softmax over the language tokens of the logits after <|startoftranscript|>."""
     if not model.is_multilingual:
         return "en", {"en": 1.0}
     with model.decoding_state(1) as state:
-        logits, _ = model.decoder.step(state, np.array([tokenizer.sot]), enc.cross)
+        logits, _ = model.decoder.step(state, np.array([tokenizer.sot]), enc)
     codes = list(model.info.languages)
     ids = np.array([model.info.languages[c] for c in codes])
     lang_logits = logits[0, ids].astype(np.float64)
@@ -179,6 +175,15 @@ class WindowPlan:
         return len(self.initial)
 
 
+def sample_room(model: WhisperaneModel, sample_len: int, used: int) -> int:
+    """How many tokens a row may sample after ``used`` positions of the decoder cache: ``sample_len``, or what
+    the cache has left; an error where nothing fits."""
+    room = min(sample_len, model.cache_length - used)
+    if room < 1:
+        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+    return room
+
+
 def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tokenizer) -> WindowPlan:
     n_ctx = model.dims.n_text_ctx
     initial = _prompt_head(tokenizer, _encode_text_or_tokens(tokenizer, options.prompt), n_ctx) if options.prompt else []
@@ -187,9 +192,7 @@ def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tok
     if options.prefix:
         initial += _encode_text_or_tokens(tokenizer, options.prefix)[-(n_ctx // 2) :]
     sample_begin = len(initial)
-    sample_len = min(options.sample_len or n_ctx // 2, model.cache_length - sample_begin)
-    if sample_len < 1:
-        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+    sample_len = sample_room(model, options.sample_len or n_ctx // 2, sample_begin)
     filters: list[LogitFilter] = []
     if options.suppress_blank:
         blank = model.info.suppress_blank_tokens or (*tokenizer.encode(" "), tokenizer.eot)
@@ -204,8 +207,8 @@ def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tok
     return WindowPlan(initial, sot_index, sample_len, filters)
 
 
-def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions | None = None,
-           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:  # fmt: skip
+def decode(model: WhisperaneModel, enc: CrossAttention, options: DecodingOptions | None = None,
+           tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:
     """Decode one window whose encoder output is ``enc``."""
     options = options or DecodingOptions()
     language = options.language
@@ -222,12 +225,12 @@ def decode(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions 
             hypotheses = _beam_search(model, state, enc, first[0], first[1], plan, tokenizer, options)
         else:
             rows = (np.repeat(first[0][None], n_group, axis=0), np.repeat(first[1][None], n_group, axis=0))
-            hypotheses = _sample_loop(model, state, enc.cross, *rows, plan, tokenizer, options)
+            hypotheses = _sample_loop(model, state, enc, *rows, plan, tokenizer, options)
     return _best_result(hypotheses, tokenizer, options, language_probs, no_speech_prob=first[2])
 
 
-def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: DecodingOptions, tokenizer: Tokenizer,
-                   prompts: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:  # fmt: skip
+def decode_windows(model: WhisperaneModel, enc: CrossAttention, options: DecodingOptions, tokenizer: Tokenizer,
+                   prompts: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
     """Decode B windows at once (``enc`` holds B encoder outputs), greedily: one decoder call per step for all
     rows, each row at its own cache position with its own window's cross K/V, timestamp rules and stopping
     (a finished row keeps being fed <|endoftext|>, its results ignored). ``prompts``: each row's own
@@ -239,16 +242,14 @@ def decode_windows(model: WhisperaneModel, enc: EncodedWindow, options: Decoding
         prompts = [_encode_text_or_tokens(tokenizer, options.prompt) if options.prompt else None] * batch
     plan = plan_window(model, replace(options, prompt=None), tokenizer)  # what every row shares after its prompt
     heads = [_prompt_head(tokenizer, p, model.dims.n_text_ctx) if p else [] for p in prompts]
-    limits = [min(plan.sample_len, model.cache_length - plan.sample_begin - len(h)) for h in heads]
-    if min(limits) < 1:
-        raise WhisperaneError(f"the prompt leaves no room in the decoder cache ({model.cache_length} positions)")
+    limits = [sample_room(model, plan.sample_len, plan.sample_begin + len(h)) for h in heads]
     with model.decoding_state(batch) as state:
         if any(heads):
-            _forward_prompts(model, state, heads, enc.cross)
-        logits, align = model.decoder.forward(state, np.repeat(np.asarray([plan.initial]), batch, axis=0), enc.cross)
+            _forward_prompts(model, state, heads, enc)
+        logits, align = model.decoder.forward(state, np.repeat(np.asarray([plan.initial]), batch, axis=0), enc)
         no_speech = np.exp(log_softmax(logits[:, plan.sot_index].astype(np.float64))[:, tokenizer.no_speech])
-        hypotheses = _sample_loop(model, state, enc.cross, logits[:, -1], align[:, :, -1], plan, tokenizer, options,
-                                  limits)  # fmt: skip
+        hypotheses = _sample_loop(model, state, enc, logits[:, -1], align[:, :, -1], plan, tokenizer, options,
+                                  limits)
     return [_best_result([h], tokenizer, options, None, float(p)) for h, p in zip(hypotheses, no_speech, strict=True)]
 
 
@@ -264,7 +265,7 @@ def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[li
 
 
 def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
-                 language_probs, no_speech_prob: float) -> DecodingResult:  # fmt: skip
+                 language_probs, no_speech_prob: float) -> DecodingResult:
     """The hypothesis with the best length-normalised log-probability (openai's MaximumLikelihoodRanker)."""
     scores = []
     for h in hypotheses:
@@ -279,11 +280,11 @@ def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: De
         avg_logprob=float(best.sum_logprob / (len(best.tokens) + 1)), sum_logprob=float(best.sum_logprob),
         no_speech_prob=no_speech_prob, temperature=options.temperature, compression_ratio=compression_ratio(text),
         alignment=alignment, token_logprobs=[float(x) for x in best.token_logprobs],
-    )  # fmt: skip
+    )
 
 
-def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, plan: WindowPlan,
-             tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+def _prefill(model: WhisperaneModel, state: DecoderState, enc: CrossAttention, plan: WindowPlan,
+             tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:
     """Fill the cache with the forced prefix (once, then copied to every row); return (logits that pick the
     first token [V], their alignment row [A, F], no-speech probability). A one-row state (greedy) takes the
     prefix itself: a second state only for the prefix was one more cache resident for the whole run (tiny.en
@@ -302,8 +303,8 @@ def _prefill(model: WhisperaneModel, state: DecoderState, enc: EncodedWindow, pl
         # no-speech probability at sot, the first token from the last position).
         first = max(plan.sot_index, table_positions)
         if first > table_positions:
-            model.decoder.forward(batch1, np.asarray([initial[table_positions:first]]), enc.cross, need_logits=False)
-        logits, align = model.decoder.forward(batch1, np.asarray([initial[first:]]), enc.cross)
+            model.decoder.forward(batch1, np.asarray([initial[table_positions:first]]), enc, need_logits=False)
+        logits, align = model.decoder.forward(batch1, np.asarray([initial[first:]]), enc)
         if batch1 is not state:
             state.copy_prefix_from(batch1)
     # Row 0 is <|startoftranscript|>'s; with the table, whose positions were never run, it is the first computed
@@ -333,8 +334,7 @@ class Hypothesis:
 class ActiveRows:
     """The rows of a sampling loop still decoding, kept as the first rows of the batch: a finished row's place
     is taken by the last unfinished one (its cache copied, its window's cross K/V swapped in place), so each
-    step runs only unfinished rows. A finished row left in the batch costs nearly a full row (tiny.en, 8 rows:
-    ~4 of 41 ms a step). ``restore`` puts the cross K/V back in their order. Where the executor keeps the
+    step runs only unfinished rows: a finished row left in the batch costs nearly a full row. ``restore`` puts the cross K/V back in their order. Where the executor keeps the
     caches (Core ML's MLState), finished rows stay, fed <|endoftext|>."""
 
     def __init__(self, state: DecoderState, cross, n: int):
@@ -367,7 +367,7 @@ class ActiveRows:
 
 
 def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarray, plan: WindowPlan, tokenizer,
-                 options, limits: Sequence[int] | None = None) -> list[Hypothesis]:  # fmt: skip
+                 options, limits: Sequence[int] | None = None) -> list[Hypothesis]:
     """Greedy (temperature 0) or sampled continuations of B rows until every row ends: the samples of one
     window (``cross`` at batch 1) or one window per row (``cross`` at batch B). ``logits`` [B, V] and
     ``first_align`` [B, A, F] are the rows' predictions of their first token; ``limits``: each row's most
@@ -377,7 +377,7 @@ def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarra
     tokens = [list(plan.initial) for _ in range(n_group)]
     sum_logprobs, token_logprobs = np.zeros(n_group), [[] for _ in range(n_group)]
     aligns = [[a] for a in first_align]
-    # numpy.random is imported only to sample (its import: 6.5 MB resident in a bare process, 1.5 MB of JFK's peak)
+    # numpy.random is imported only to sample: its import adds megabytes to a short file's peak
     rng = np.random.default_rng(options.seed) if options.temperature >= 1e-6 else None
     logits, active = logits.astype(np.float32), ActiveRows(state, cross, n_group)
     try:
@@ -444,7 +444,7 @@ def _beam_search(model, state, enc, first_logits, first_align, plan: WindowPlan,
         if len(finished) >= max_candidates or i == plan.sample_len - 1 or state.length >= state.layout.length:
             break
         state.select(np.asarray(sources))
-        logits, align = model.decoder.step(state, np.array([h.tokens[-1] for h in beams]), enc.cross)
+        logits, align = model.decoder.step(state, np.array([h.tokens[-1] for h in beams]), enc)
         beams = [Hypothesis(h.tokens, h.sum_logprob, h.token_logprobs, [*h.alignment, align[k]]) for k, h in enumerate(beams)]
     for h in sorted(beams, key=lambda h: h.sum_logprob, reverse=True):  # not enough finished: close open beams
         if len(finished) >= beam:

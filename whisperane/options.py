@@ -22,6 +22,9 @@ APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"  # merged with the word
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 PREFILLS = ("exact", "table")
 ALIGNMENTS = ("teacher-forced", "decode")
+# how a model is loaded (load_model's compute_type and executor; the CLIs' --compute-type and --executor)
+COMPUTE_TYPES = ("default", "int8", "float32")
+EXECUTORS = ("onnx", "coreml")
 
 
 def _help(text: str, **cli) -> dict:
@@ -34,7 +37,7 @@ class TranscribeOptions:
     task: str = field(default="transcribe", metadata=_help("transcribe, or translate to English", choices=TASKS))
     word_timestamps: bool = field(default=True, metadata=_help("word-level timestamps (DTW over the alignment heads)"))
     temperature: float | Sequence[float] = field(default=TEMPERATURES, metadata=_help(
-        "temperatures tried in turn (fallback)", cli=False))  # fmt: skip
+        "temperatures tried in turn (fallback)", cli=False))
     compression_ratio_threshold: float | None = field(default=2.4, metadata=_help("fall back when the text's gzip ratio is above this"))
     logprob_threshold: float | None = field(default=-1.0, metadata=_help("fall back when the average log-probability is below this"))
     no_speech_threshold: float | None = field(default=0.6, metadata=_help("a window is silent when <|nospeech|> is above this and the log-probability is low"))
@@ -43,38 +46,38 @@ class TranscribeOptions:
     prefix: str | None = field(default=None, metadata=_help("forced start of each window's text"))
     clip_timestamps: str | Sequence[float] = field(default="0", metadata=_help("start,end,start,end,... seconds to transcribe"))
     hallucination_silence_threshold: float | None = field(default=None, metadata=_help(
-        "skip silences longer than this (seconds) around a likely hallucination (needs word timestamps)"))  # fmt: skip
+        "skip silences longer than this (seconds) around a likely hallucination (needs word timestamps)"))
     prepend_punctuations: str = field(default=PREPEND_PUNCTUATIONS, metadata=_help("merged with the next word"))
     append_punctuations: str = field(default=APPEND_PUNCTUATIONS, metadata=_help("merged with the previous word"))
     best_of: int | None = field(default=5, metadata=_help("samples at temperature > 0"))
     beam_size: int | None = field(default=None, metadata=_help("beams at temperature 0 (None: greedy)"))
     patience: float | None = field(default=None, metadata=_help(
-        "beam search collects round(beam_size * patience) finished hypotheses (default 1.0)"))  # fmt: skip
+        "beam search collects round(beam_size * patience) finished hypotheses (default 1.0)"))
     length_penalty: float | None = field(default=None, metadata=_help(
-        "rank hypotheses by log-probability / ((5 + length) / 6) ** alpha (None: / length)"))  # fmt: skip
+        "rank hypotheses by log-probability / ((5 + length) / 6) ** alpha (None: / length)"))
     suppress_tokens: str | Sequence[int] | None = field(default="-1", metadata=_help(
-        "comma-separated token ids to suppress; -1: the non-speech symbols"))  # fmt: skip
+        "comma-separated token ids to suppress; -1: the non-speech symbols"))
     suppress_blank: bool = field(default=True, metadata=_help("no blank or end of text as the first token"))
     without_timestamps: bool = field(default=False, metadata=_help("sample text tokens only"))
     max_initial_timestamp: float | None = field(default=1.0, metadata=_help("latest first timestamp (seconds)"))
     vad_filter: bool = field(default=False, metadata=_help(
-        "transcribe only the speech Silero VAD finds (timestamps stay on the original audio)"))  # fmt: skip
+        "transcribe only the speech Silero VAD finds (timestamps stay on the original audio)"))
     vad_parameters: dict | None = field(default=None, metadata=_help(
-        "VadOptions fields (threshold, min_silence_duration_ms, speech_pad_ms, ...)", cli=False))  # fmt: skip
+        "VadOptions fields (threshold, min_silence_duration_ms, speech_pad_ms, ...)", cli=False))
     speech_guard: bool = field(default=True, metadata=_help(
         "a window that leaves 1.5 s of voice without words (a decoding that stopped early or jumped over "
-        "speech) is decoded again from there, once; Silero VAD checks only such stretches"))  # fmt: skip
+        "speech) is decoded again from there, once; Silero VAD checks only such stretches"))
     batch_size: int | None = field(default=None, metadata=_help(
-        "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))  # fmt: skip
+        "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))
     prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))
     alignment: str = field(default="teacher-forced", metadata=_help(
-        "word-timing rows: a teacher-forced pass, or gathered while decoding", choices=ALIGNMENTS))  # fmt: skip
+        "word-timing rows: a teacher-forced pass, or gathered while decoding", choices=ALIGNMENTS))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "language", _language(self.language))
         object.__setattr__(self, "temperature", _temperatures(self.temperature))
         object.__setattr__(self, "clip_timestamps", clip_values(self.clip_timestamps))
-        object.__setattr__(self, "suppress_tokens", _token_ids(self.suppress_tokens))
+        object.__setattr__(self, "suppress_tokens", token_ids(self.suppress_tokens))
         _choice("task", self.task, TASKS)
         _choice("prefill", self.prefill, PREFILLS)
         _choice("alignment", self.alignment, ALIGNMENTS)
@@ -101,7 +104,7 @@ class TranscribeOptions:
             prefix=self.prefix, suppress_tokens=self.suppress_tokens, suppress_blank=self.suppress_blank,
             without_timestamps=self.without_timestamps, max_initial_timestamp=self.max_initial_timestamp,
             prefill=self.prefill, seed=seed,
-        )  # fmt: skip
+        )
 
     def to_kwargs(self) -> dict:
         """The fields as ``transcribe()`` keywords."""
@@ -175,7 +178,7 @@ def _batched_mode(options: TranscribeOptions) -> None:
         raise OptionsError("batched mode decodes greedily: leave beam_size unset or drop batch_size")
     if options.clip_timestamps != (0.0,) or options.hallucination_silence_threshold is not None:
         raise OptionsError("batched mode chooses its chunks by VAD: clip_timestamps and "
-                           "hallucination_silence_threshold apply to the sequential mode")  # fmt: skip
+                           "hallucination_silence_threshold apply to the sequential mode")
 
 
 def _search_options(best_of, beam_size, patience, length_penalty) -> None:
@@ -227,7 +230,8 @@ def clip_values(value: str | Sequence[float]) -> tuple[float, ...]:
     return values or (0.0,)
 
 
-def _token_ids(value) -> tuple[int, ...] | None:
+def token_ids(value) -> tuple[int, ...] | None:
+    """Token ids from a comma-separated string or a sequence (``suppress_tokens``); -1 stands for the default set."""
     if value is None:
         return None
     try:
@@ -279,7 +283,7 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--temperature", type=float, default=0.0, help="first sampling temperature")
     parser.add_argument("--temperature-increment-on-fallback", type=optional_float, default=0.2,
-                        help="added to the temperature on each fallback; none disables fallback")  # fmt: skip
+                        help="added to the temperature on each fallback; none disables fallback")
 
 
 def options_from_args(args: argparse.Namespace) -> TranscribeOptions:

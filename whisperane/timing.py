@@ -11,8 +11,8 @@ position (the last prompt position), not the position of ``text_tokens[0]`` itse
 From those rows: keep the frames that hold audio, standardize each head over the tokens, median
 filter along the frames, average the heads, run DTW on the negated matrix; the frame where the DTW
 path first reaches a token's row is the token's start (0.02 s per encoder frame). Tokens are then
-grouped into words, punctuation is merged into its neighbours and implausibly long words are
-clamped, segment by segment (``add_word_timestamps``).
+grouped into words and punctuation is merged into its neighbours; ``longform.words.add_word_timestamps``
+places the words in a window's segments.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     # Windows 2q and 2q + 1 share filter_width - 1 values (the core); with the core's two middle values lo <= hi,
     # each window's median is its own extra value clamped to [lo, hi]. The core's middle pair comes from a sorting
     # network (min/max over whole arrays, so the result is exactly one of the inputs) run once for two outputs:
-    # half the array operations of a network per window (width 7: 7.8 -> 5.7 ms on [8, 81, 1500]). Rows go through
-    # in blocks whose lanes stay in the core's cache; the network works in place on copies of the core's lanes
-    # and one spare array (no allocation per operation: 5.0 -> 4.4 ms).
+    # half the array operations of a network per window. Rows go through in blocks whose lanes stay in the core's
+    # cache; the network works in place on copies of the core's lanes and one spare array (no allocation per
+    # operation; benchmarks/results/2026-12-05-session26-host-timing.md).
     spare = np.empty((_MEDIAN_ROWS, pairs), dtype=rows.dtype)
     for first in range(0, rows.shape[0], _MEDIAN_ROWS):
         block = padded[first : first + _MEDIAN_ROWS]
@@ -94,7 +94,7 @@ _MEDIAN_ROWS = 16  # 16 x 750 float32 a lane: as fast as 32 and faster than 8 or
 
 
 def _middle_pair(network: list[tuple[int, bool, bool]], core: list[np.ndarray], spare: np.ndarray
-                 ) -> tuple[list[np.ndarray], np.ndarray]:  # fmt: skip
+                 ) -> tuple[list[np.ndarray], np.ndarray]:
     """``network``'s compare-exchanges on the lanes ``core`` in place (each lane its own array); returns the lanes
     and the array left spare (a full exchange writes its min into the spare, which then takes the lane's place)."""
     for i, low, high in network:
@@ -128,7 +128,7 @@ def _middle_pair_network(lanes: int) -> list[tuple[int, bool, bool]]:
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic time warping over a [N, M] local-cost matrix; returns the path (text_indices, time_indices).
 
-    dtw-python's ``symmetric1`` step pattern (DESIGN.md §1), reproduced exactly: moves (1,1), (0,1), (1,0),
+    dtw-python's ``symmetric1`` step pattern (docs/DESIGN.md §1), reproduced exactly: moves (1,1), (0,1), (1,0),
     each cell's cost added once in float64, the path from (0, 0) to (N-1, M-1) through every row and every
     column; where candidates tie, the first in the order diagonal, horizontal, vertical. Rows are the query
     (tokens), columns the reference (frames), as openai-whisper's ``dtw(-matrix)``. openai's ``dtw_cpu`` and
@@ -167,14 +167,14 @@ def _cumulative_cost_moves(x: np.ndarray) -> np.ndarray:
     Each candidate is summed as dtw-python sums it (previous total + this cell's cost), so ties and rounding
     fall as there. Only the totals need the anti-diagonal loop (every cell of one depends on the two before
     it), and rounding is monotonic, so the least of the three sums is exactly the least previous total plus
-    the cell's cost: three array operations an anti-diagonal instead of seven (the DTW of 80 tokens over a full
-    window: 46 -> 35 ms). The moves are then found for all cells at once from the same sums.
+    the cell's cost: three array operations an anti-diagonal instead of seven. The moves are then found for all
+    cells at once from the same sums.
     """
     n, m = x.shape
     local = _by_antidiagonal(x)
     total = np.full((n + m, n + 1), np.inf)  # total[k + 1, i + 1]: cell (i, k - i); row 0 and column 0 are off
     total[1, 1] = x[0, 0]
-    # Each row's two views made once, not per use (the loop is ufunc calls on N values: 4.6 -> 3.9 ms in all).
+    # Each row's two views made once, not per use: the loop is ufunc calls on N values, where views cost.
     left, right, cells = list(total[:, :n]), list(total[:, 1:]), list(local)
     for k in range(1, n + m - 1):
         best = right[k + 1]
@@ -236,7 +236,7 @@ def alignment_matrix(
     if w.ndim == 3:
         # Per-head standardisation over every row passed (openai and CTranslate2 use the whole
         # teacher-forced sequence, prompt rows included), then filter, then average the heads.
-        w = _standardised_rows(w)
+        w = standardised_rows(w)
     # The filter runs along frames, row by row: only the rows returned are filtered.
     w = median_filter(w[..., first_row : first_row + num_text_rows, :], medfilt_width)
     # 3-D: averaged over the heads after the filter; 2-D: already averaged (WhisperKit's decoder returns only the
@@ -244,10 +244,10 @@ def alignment_matrix(
     return w.mean(axis=0) if w.ndim == 3 else w
 
 
-def _standardised_rows(w: np.ndarray) -> np.ndarray:
+def standardised_rows(w: np.ndarray) -> np.ndarray:
     """(w - mean) / std over axis -2 (std 0: / 1), bitwise ``(w - w.mean(-2)) / w.std(-2)`` as numpy computes
     them (its ``_mean`` and ``_var``: the sum, then a division in place by the count), with the mean and the
-    deviations computed once instead of twice (0.75 of 2.5 ms on [8, 81, 1500])."""
+    deviations computed once instead of twice."""
     count = np.intp(w.shape[-2])
     mean = np.add.reduce(w, axis=-2, keepdims=True)
     np.true_divide(mean, count, out=mean, casting="unsafe")
@@ -363,206 +363,14 @@ def merge_punctuations(
     ]
 
 
-def word_duration_limits(alignment: Sequence[WordTiming]) -> tuple[float, float]:
-    """(median_duration, max_duration) of the window's words, as openai: median capped at 0.7 s, max = 2x."""
-    durations = np.array([t.end - t.start for t in alignment], dtype=np.float64)
-    durations = durations[durations.nonzero()]
-    median_duration = min(0.7, median(durations)) if len(durations) > 0 else 0.0
-    return median_duration, median_duration * 2
-
-
-def median(values: np.ndarray) -> float:
-    """numpy.median of a 1-D array without NaNs, the same number, without the import of numpy.ma that numpy's
-    median makes at its first call (18 ms of a short file's run)."""
-    ordered = np.sort(values)
-    middle = len(ordered) // 2
-    return float(ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2)
-
-
-def clamp_sentence_boundaries(alignment: list[WordTiming], max_duration: float) -> list[WordTiming]:
-    """Shorten over-long words at sentence ends: a sentence-end mark ends max_duration after it starts,
-    and an over-long word right after one starts max_duration before it ends (openai's hack; the DTW
-    tends to stretch these over the pause between sentences)."""
-    result = list(alignment)
-    if not any(t.end != t.start for t in result):
-        return result
-    for i in range(1, len(result)):
-        timing = result[i]
-        if timing.end - timing.start > max_duration:
-            if timing.word in SENTENCE_END_MARKS:
-                result[i] = dataclasses.replace(timing, end=timing.start + max_duration)
-            elif result[i - 1].word in SENTENCE_END_MARKS:
-                result[i] = dataclasses.replace(timing, start=timing.end - max_duration)
-    return result
-
-
-def segment_text_tokens(segments: Sequence[dict], eot: int | None = None) -> list[list[int]]:
-    """Each segment's text tokens (ids < eot when eot is given), in order: their concatenation is the
-    ``text_tokens`` to align for the window."""
-    return [[int(t) for t in s["tokens"] if eot is None or t < eot] for s in segments]
-
-
-def add_word_timestamps(
-    segments: list[dict],
-    alignment: list[WordTiming],
-    *,
-    time_offset: float,
-    last_speech_timestamp: float,
-    prepend_punctuations: str = PREPEND_PUNCTUATIONS,
-    append_punctuations: str = APPEND_PUNCTUATIONS,
-    eot: int | None = None,
-) -> float:
-    """Give each segment of one window its ``"words"`` and make its start/end agree with them.
-
-    segments: the window's segments in order, dicts with "start", "end" (seconds, absolute) and
-        "tokens" (text tokens; ids >= eot are dropped when eot is given); updated in place.
-    alignment: ``find_alignment`` over the concatenated text tokens of these segments (times
-        relative to the window); time_offset: the window's start in seconds (seek * 0.01).
-    Returns the updated last_speech_timestamp (end of the last segment that got words).
-
-    openai-whisper's segment logic (faster-whisper's is the same): words are dealt out to segments by
-    token counts; over-long words at sentence ends and after a pause of more than 4x the median word
-    duration are shortened; the segment's own timestamp is kept when the first/last word overshoots it
-    by more than 0.5 s. On top of that (openai does not guarantee these) every word lies at or after
-    the window start and after the previous word, and each segment spans exactly its first word's
-    start to its last word's end. Times are rounded to 0.01 s; probabilities are left unrounded.
-    """
-    if len(segments) == 0:
-        return last_speech_timestamp
-
-    text_tokens_per_segment = segment_text_tokens(segments, eot)
-    median_duration, max_duration = word_duration_limits(alignment)
-    alignment = clamp_sentence_boundaries(alignment, max_duration)
-    alignment = merge_punctuations(alignment, prepend_punctuations, append_punctuations)
-
-    previous_end = round(float(time_offset), 2)
-    word_index = 0
-    for segment, text_tokens in zip(segments, text_tokens_per_segment, strict=True):
-        saved_tokens = 0
-        words: list[dict] = []
-        while word_index < len(alignment) and saved_tokens < len(text_tokens):
-            timing = alignment[word_index]
-            if timing.word:
-                words.append(
-                    {
-                        "word": timing.word,
-                        "start": round(time_offset + timing.start, 2),
-                        "end": round(time_offset + timing.end, 2),
-                        "probability": float(timing.probability),
-                    }
-                )
-            saved_tokens += len(timing.tokens)
-            word_index += 1
-
-        if len(words) > 0:
-            _trim_segment_edges(segment, words, last_speech_timestamp, median_duration, max_duration)
-            previous_end = _keep_in_order(segment, words, previous_end)
-            last_speech_timestamp = segment["end"]
-        segment["words"] = words
-
-    return last_speech_timestamp
-
-
-def _trim_segment_edges(
-    segment: dict,
-    words: list[dict],
-    last_speech_timestamp: float,
-    median_duration: float,
-    max_duration: float,
-) -> None:
-    """openai's hacks at segment edges (a VAD-based segmentation should replace them one day)."""
-    # The first word (and second) after a pause should not be longer than twice the median word.
-    if words[0]["end"] - last_speech_timestamp > median_duration * 4 and (
-        words[0]["end"] - words[0]["start"] > max_duration
-        or (len(words) > 1 and words[1]["end"] - words[0]["start"] > max_duration * 2)
-    ):
-        if len(words) > 1 and words[1]["end"] - words[1]["start"] > max_duration:
-            boundary = max(words[1]["end"] / 2, words[1]["end"] - max_duration)
-            words[0]["end"] = words[1]["start"] = boundary
-        words[0]["start"] = max(0, words[0]["end"] - max_duration)
-
-    # Prefer the segment-level start timestamp if the first word is too long.
-    if segment["start"] < words[0]["end"] and segment["start"] - 0.5 > words[0]["start"]:
-        words[0]["start"] = max(0, min(words[0]["end"] - median_duration, segment["start"]))
-    else:
-        segment["start"] = words[0]["start"]
-
-    # Prefer the segment-level end timestamp if the last word is too long.
-    if segment["end"] > words[-1]["start"] and segment["end"] + 0.5 < words[-1]["end"]:
-        words[-1]["end"] = max(words[-1]["start"] + median_duration, segment["end"])
-    else:
-        segment["end"] = words[-1]["end"]
-
-
-def _keep_in_order(segment: dict, words: list[dict], previous_end: float) -> float:
-    """Round, make the words non-overlapping and non-decreasing from previous_end on, and make the
-    segment span its words. Returns the last word's end. A no-op whenever openai's output is already
-    ordered (the common case): it only repairs the rare overlaps its edge rules can create."""
-    for word in words:
-        start = max(round(float(word["start"]), 2), previous_end)
-        end = max(round(float(word["end"]), 2), start)
-        word["start"], word["end"] = start, end
-        previous_end = end
-    segment["start"] = words[0]["start"]
-    segment["end"] = words[-1]["end"]
-    return previous_end
-
-
-# --- hallucination_silence_threshold (openai-whisper's transcribe() helpers) ---
-
-
-def word_anomaly_score(word: dict) -> float:
-    """How implausible a word is: improbable, very short (< 0.133 s) or very long (> 2 s)."""
-    probability = word.get("probability", 0.0)
-    duration = word["end"] - word["start"]
-    score = 0.0
-    if probability < 0.15:
-        score += 1.0
-    if duration < 0.133:
-        score += (0.133 - duration) * 15
-    if duration > 2.0:
-        score += duration - 2.0
-    return score
-
-
-def is_segment_anomaly(segment: dict | None) -> bool:
-    """A segment whose first 8 non-punctuation words look hallucinated."""
-    if segment is None or not segment.get("words"):
-        return False
-    words = [w for w in segment["words"] if w["word"] not in PUNCTUATION][:8]
-    score = sum(word_anomaly_score(w) for w in words)
-    return score >= 3 or score + 0.01 >= len(words)
-
-
-def next_words_segment(segments: Sequence[dict]) -> dict | None:
-    """The first segment that has words."""
-    return next((s for s in segments if s.get("words")), None)
-
-
-def get_end(segments: Sequence[dict]) -> float | None:
-    """End of the last word of the segments, else the last segment's end, else None (openai's utils.get_end)."""
-    return next(
-        (w["end"] for s in reversed(segments) for w in reversed(s.get("words") or [])),
-        segments[-1]["end"] if segments else None,
-    )
-
-
 __all__ = [
     "APPEND_PUNCTUATIONS",
     "PREPEND_PUNCTUATIONS",
     "PUNCTUATION",
     "WordTiming",
-    "add_word_timestamps",
     "alignment_matrix",
-    "clamp_sentence_boundaries",
     "dtw",
     "find_alignment",
-    "get_end",
-    "is_segment_anomaly",
     "median_filter",
     "merge_punctuations",
-    "next_words_segment",
-    "segment_text_tokens",
-    "word_anomaly_score",
-    "word_duration_limits",
 ]

@@ -349,11 +349,6 @@ class Tokenizer:
             raise ModelError(f"language '{language}' is not supported by this model")
         return self.languages[code]
 
-    def timestamp_token(self, seconds: float) -> int:
-        """The id of ``<|seconds|>``, rounded to the 0.02 s grid and clamped to 0..30 s."""
-        index = min(max(round(seconds / TIME_PRECISION), 0), N_TIMESTAMPS - 1)
-        return self.timestamp_begin + index
-
     def encode(self, text: str) -> list[int]:
         return self.vocabulary.encode(text)
 

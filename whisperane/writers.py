@@ -24,7 +24,7 @@ _RESULT_KEYS = ("text", "language", "duration", "segments")
 _SEGMENT_KEYS = (
     "id", "seek", "start", "end", "text", "tokens", "temperature",
     "avg_logprob", "compression_ratio", "no_speech_prob", "words",
-)  # fmt: skip
+)
 _WORD_KEYS = ("word", "start", "end", "probability")
 _KEY_ORDER = {"": _RESULT_KEYS, "segments": _SEGMENT_KEYS, "words": _WORD_KEYS}
 

@@ -208,7 +208,7 @@ def _openai_names(n_enc: int, n_dec: int) -> list[str]:
         "encoder.conv1.weight", "encoder.conv1.bias", "encoder.conv2.weight", "encoder.conv2.bias",
         "encoder.positional_embedding", "encoder.ln_post.weight", "encoder.ln_post.bias",
         "decoder.token_embedding.weight", "decoder.positional_embedding", "decoder.ln.weight", "decoder.ln.bias",
-    ]  # fmt: skip
+    ]
     def block(prefix: str, attns: tuple[str, ...]) -> list[str]:
         names = []
         for a in attns:

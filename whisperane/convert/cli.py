@@ -85,7 +85,7 @@ def add_convert_parser(subparsers) -> None:
     parser.add_argument(
         "--cache-length", type=_positive_int, default=None, metavar="S",
         help="decoder KV-cache length in tokens (default: the model's n_text_ctx, 448)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--palettize",
         type=int,
@@ -96,7 +96,7 @@ def add_convert_parser(subparsers) -> None:
     parser.add_argument(
         "--tokenizer", metavar="DIR", default=None,
         help="directory to read the tokenizer from (required for OpenAI .pt files)",
-    )  # fmt: skip
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even when the bundle is up to date")
     parser.set_defaults(handler=run_convert)
 

@@ -1,4 +1,4 @@
-"""Core ML export of the components (ML Program ``.mlpackage``s, DESIGN.md §2-3).
+"""Core ML export of the components (ML Program ``.mlpackage``s, docs/DESIGN.md §2-3).
 
 Every package has the contract's tensor names. Inputs and outputs are float32 (int32 for ids, lengths, task and
 language) like the ONNX exports, so both executors feed the same arrays; inside, the MelSpectrogram computes in
@@ -9,7 +9,7 @@ Written into the bundle:
 - ``MelSpectrogram``, ``AudioEncoder``, ``TextDecoderContextPrefill`` ``.mlpackage`` (macOS 13 / iOS 16
   targets) at batch 1, fixed shapes;
 - ``TextDecoder.mlpackage`` (macOS 13): the stateless decoder, taking and returning the caches as in ONNX,
-  with a flexible batch (DESIGN.md §8): every per-row input (``input_ids``, ``cache_length``, the caches, both
+  with a flexible batch (docs/DESIGN.md §8): every per-row input (``input_ids``, ``cache_length``, the caches, both
   masks) has B rows, B a ``RangeDim`` 1..MAX_DECODER_BATCH shared by all of them (one symbol), default 1; the
   cross K/V have their own batch 1..MAX_DECODER_BATCH, 1 for beams or samples of one window (broadcast to the
   B rows by the attention matmuls, never tiled) or B for B windows. Why a range and not ``EnumeratedShapes``:
@@ -27,7 +27,7 @@ Written into the bundle:
   (``StateType`` takes no flexible shape) and every per-row input must match it, so the rows are a fixed
   number: 5, the default beam size and best-of. The runtime runs up to 5 rows in it (rows past a smaller group
   idle: all-zero update mask, so their state never changes) and reorders beams by reading the MLState,
-  gathering the rows on the host and writing it back (``decoder.MLStateRows``);
+  gathering the rows on the host and writing it back (``runtime.coreml.MLStateRows``);
 - with ``palettize`` (4, 6 or 8 bits, on request only): k-means palettized copies of the weight-heavy
   components next to the fp16 ones, ``AudioEncoder.palettized.mlpackage``,
   ``TextDecoder.palettized.mlpackage``, ``TextDecoderStateful.palettized.mlpackage`` and
@@ -54,6 +54,20 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .. import contract
+from ..contract import (
+    ALIGNMENT_WEIGHTS,
+    AUDIO,
+    CROSS_KEY,
+    CROSS_VALUE,
+    ENCODER_OUTPUT,
+    KEY_CACHE,
+    KEY_PREFILL,
+    LOGITS,
+    MEL_FEATURES,
+    VALUE_CACHE,
+    VALUE_PREFILL,
+)
 from ..dims import ModelDimensions
 from ..errors import ConversionError
 from .export_onnx import DECODER_OUTPUTS, decoder_example
@@ -70,25 +84,13 @@ BEAM_BATCH = 5  # rows of TextDecoderStatefulBeam (openai's and faster-whisper's
 # would need scikit-learn.
 PALETTIZE_WEIGHT_THRESHOLD = 16384
 
-MEL_INPUTS = ["audio"]
-MEL_OUTPUTS = ["melspectrogram_features"]
-ENCODER_INPUTS = ["melspectrogram_features"]
-ENCODER_OUTPUTS = ["encoder_output_embeds", "encoder_attn_key_cache", "encoder_attn_value_cache"]
-DECODER_INPUTS = [
-    "input_ids",
-    "cache_length",
-    "key_cache",
-    "value_cache",
-    "kv_cache_update_mask",
-    "decoder_key_padding_mask",
-    "encoder_attn_key_cache",
-    "encoder_attn_value_cache",
-]
-CACHE_NAMES = ("key_cache", "value_cache")
+MEL_OUTPUTS = [MEL_FEATURES]
+ENCODER_OUTPUTS = [ENCODER_OUTPUT, CROSS_KEY, CROSS_VALUE]
+DECODER_INPUTS = list(contract.DECODER_INPUTS)
+CACHE_NAMES = (KEY_CACHE, VALUE_CACHE)
 STATEFUL_INPUTS = [n for n in DECODER_INPUTS if n not in CACHE_NAMES]
-STATEFUL_OUTPUTS = ["logits", "alignment_heads_weights"]
-PREFILL_INPUTS = ["task", "language"]
-PREFILL_OUTPUTS = ["key_cache_prefill", "value_cache_prefill"]
+STATEFUL_OUTPUTS = [LOGITS, ALIGNMENT_WEIGHTS]
+PREFILL_OUTPUTS = [KEY_PREFILL, VALUE_PREFILL]
 
 
 def _ct():
@@ -194,8 +196,8 @@ class TextDecoderStateful(nn.Module):
         dims = decoder.dims
         self.decoder = decoder
         shape = (batch, dims.n_text_state * dims.n_text_layer, 1, cache_length)
-        self.register_buffer("key_cache", torch.zeros(shape))
-        self.register_buffer("value_cache", torch.zeros(shape))
+        self.register_buffer(KEY_CACHE, torch.zeros(shape))
+        self.register_buffer(VALUE_CACHE, torch.zeros(shape))
 
     def forward(
         self,
@@ -227,12 +229,12 @@ class TextDecoderStateful(nn.Module):
 
 
 def convert_mel(module: nn.Module):
-    return _convert(module, {"audio": torch.zeros(480000)}, MEL_OUTPUTS, precision="float32")
+    return _convert(module, {AUDIO: torch.zeros(480000)}, MEL_OUTPUTS, precision="float32")
 
 
 def convert_encoder(module: nn.Module, dims: ModelDimensions):
     return _convert(
-        module, {"melspectrogram_features": torch.zeros(1, dims.n_mels, 1, 3000)}, ENCODER_OUTPUTS
+        module, {MEL_FEATURES: torch.zeros(1, dims.n_mels, 1, 3000)}, ENCODER_OUTPUTS
     )
 
 

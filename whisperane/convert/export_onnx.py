@@ -8,6 +8,32 @@ from pathlib import Path
 import onnx
 import torch
 
+from .. import contract
+from ..contract import (
+    ALIGNMENT_WEIGHTS,
+    AUDIO,
+    CACHE_LENGTH,
+    CROSS_KEY,
+    CROSS_VALUE,
+    ENCODER_OUTPUT,
+    INPUT_IDS,
+    KEY_CACHE,
+    KEY_PREFILL,
+    KEY_UPDATES,
+    LOGIT_POSITIONS,
+    LOGITS,
+    LOGPROB_POSITIONS,
+    LOGPROB_TOKENS,
+    MEL_FEATURES,
+    PADDING_MASK,
+    PREFILL_LANGUAGE,
+    PREFILL_TASK,
+    TOKEN_LOGPROBS,
+    UPDATE_MASK,
+    VALUE_CACHE,
+    VALUE_PREFILL,
+    VALUE_UPDATES,
+)
 from ..dims import ModelDimensions
 from . import modules
 
@@ -64,38 +90,38 @@ def tie_output_projection(path: Path) -> None:
 
 def export_mel(module, path: Path) -> Path:
     audio = torch.zeros(480000)
-    return _export(module, (audio,), path, ["audio"], ["melspectrogram_features"], {})
+    return _export(module, (audio,), path, [AUDIO], [MEL_FEATURES], {})
 
 
 def export_encoder(module, dims: ModelDimensions, path: Path, per_layer: bool = False) -> Path:
     """The contract's encoder, or (``per_layer``) one cross K and V output per decoder layer
     (``encoder_attn_key_cache_{i}``, :class:`modules.PerLayerOutputs`)."""
     mel = torch.zeros(1, dims.n_mels, 1, 3000)
-    outs = ["encoder_output_embeds", "encoder_attn_key_cache", "encoder_attn_value_cache"]
+    outs = [ENCODER_OUTPUT, CROSS_KEY, CROSS_VALUE]
     if per_layer:
         module = modules.PerLayerOutputs(module)
         outs = [outs[0], *(f"{name}_{i}" for name in outs[1:] for i in range(dims.n_text_layer))]
-    dyn = {n: {0: "batch"} for n in ["melspectrogram_features", *outs]}
-    return _export(module, (mel,), path, ["melspectrogram_features"], outs, dyn)
+    dyn = {n: {0: "batch"} for n in [MEL_FEATURES, *outs]}
+    return _export(module, (mel,), path, [MEL_FEATURES], outs, dyn)
 
 
 def decoder_example(dims: ModelDimensions, cache_length: int, batch: int = 1):
     dl = dims.n_text_state * dims.n_text_layer
     s = cache_length
-    return dict(
-        input_ids=torch.zeros(batch, dtype=torch.int32),
-        cache_length=torch.zeros(batch, dtype=torch.int32),
-        key_cache=torch.zeros(batch, dl, 1, s),
-        value_cache=torch.zeros(batch, dl, 1, s),
-        kv_cache_update_mask=torch.zeros(batch, s),
-        decoder_key_padding_mask=torch.zeros(batch, s),
-        encoder_attn_key_cache=torch.zeros(1, dl, 1, dims.n_audio_ctx),
-        encoder_attn_value_cache=torch.zeros(1, dl, 1, dims.n_audio_ctx),
-    )
+    return {
+        INPUT_IDS: torch.zeros(batch, dtype=torch.int32),
+        CACHE_LENGTH: torch.zeros(batch, dtype=torch.int32),
+        KEY_CACHE: torch.zeros(batch, dl, 1, s),
+        VALUE_CACHE: torch.zeros(batch, dl, 1, s),
+        UPDATE_MASK: torch.zeros(batch, s),
+        PADDING_MASK: torch.zeros(batch, s),
+        CROSS_KEY: torch.zeros(1, dl, 1, dims.n_audio_ctx),
+        CROSS_VALUE: torch.zeros(1, dl, 1, dims.n_audio_ctx),
+    }
 
 
-DECODER_OUTPUTS = ["logits", "key_cache_updates", "value_cache_updates", "alignment_heads_weights"]
-SEQUENCE_OUTPUTS = [*DECODER_OUTPUTS, "token_logprobs"]
+DECODER_OUTPUTS = list(contract.DECODER_OUTPUTS)
+SEQUENCE_OUTPUTS = [*DECODER_OUTPUTS, TOKEN_LOGPROBS]
 
 
 def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
@@ -107,44 +133,44 @@ def per_layer_inputs(ex: dict, dims: ModelDimensions) -> dict:
         return {f"{name}_{i}": t[:, i * d : (i + 1) * d] for i in range(dims.n_text_layer)}
 
     masks = {n: t for n, t in ex.items() if n.endswith("_mask")}
-    return {"input_ids": ex["input_ids"], "cache_length": ex["cache_length"], **split("key_cache"), **split("value_cache"),
-            **masks, **split("encoder_attn_key_cache"), **split("encoder_attn_value_cache"),
-            **{n: t for n, t in ex.items() if n in modules.SEQUENCE_SELECTORS}}  # fmt: skip
+    return {INPUT_IDS: ex[INPUT_IDS], CACHE_LENGTH: ex[CACHE_LENGTH], **split(KEY_CACHE), **split(VALUE_CACHE),
+            **masks, **split(CROSS_KEY), **split(CROSS_VALUE),
+            **{n: t for n, t in ex.items() if n in modules.SEQUENCE_SELECTORS}}
 
 
 def export_decoder(module, dims: ModelDimensions, cache_length: int, path: Path) -> Path:
     ex = decoder_example(dims, cache_length)
-    dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
-    dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
+    dyn = {n: {0: "batch"} for n in ex if not n.startswith((CROSS_KEY, CROSS_VALUE))}
+    dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith((CROSS_KEY, CROSS_VALUE))})
     dyn.update({n: {0: "batch"} for n in DECODER_OUTPUTS})
     return _export(module, tuple(ex.values()), path, list(ex), DECODER_OUTPUTS, dyn)
 
 
 def export_decoder_sequence(module, dims: ModelDimensions, cache_length: int, path: Path, per_layer: bool = False) -> Path:
     ex = decoder_example(dims, cache_length)
-    del ex["kv_cache_update_mask"]
-    ex["input_ids"] = torch.zeros(1, 3, dtype=torch.int32)
-    ex["logit_positions"] = torch.arange(3, dtype=torch.int32)
-    ex["logprob_positions"] = torch.arange(1, 3, dtype=torch.int32)
-    ex["logprob_tokens"] = torch.zeros(1, 2, dtype=torch.int32)
+    del ex[UPDATE_MASK]
+    ex[INPUT_IDS] = torch.zeros(1, 3, dtype=torch.int32)
+    ex[LOGIT_POSITIONS] = torch.arange(3, dtype=torch.int32)
+    ex[LOGPROB_POSITIONS] = torch.arange(1, 3, dtype=torch.int32)
+    ex[LOGPROB_TOKENS] = torch.zeros(1, 2, dtype=torch.int32)
     if per_layer:
         ex, module = per_layer_inputs(ex, dims), modules.PerLayerInputs(module)
-    dyn = {n: {0: "batch"} for n in ex if not n.startswith("encoder_")}
+    dyn = {n: {0: "batch"} for n in ex if not n.startswith((CROSS_KEY, CROSS_VALUE))}
     # The cached positions are as many as the host passes: all S, or none for a call on an empty state (a prompt,
     # the alignment pass), whose attention then skips S masked positions.
-    dyn.update({n: {0: "batch", 3: CACHE_POSITIONS} for n in ex if n.startswith(("key_cache", "value_cache"))})
-    dyn["decoder_key_padding_mask"] = {0: "batch", 1: CACHE_POSITIONS}
-    dyn["input_ids"] = {0: "batch", 1: "tokens"}
-    dyn["logit_positions"] = {0: "positions"}
-    dyn["logprob_positions"] = {0: "scored"}
-    dyn["logprob_tokens"] = {0: "batch", 1: "scored"}
-    dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith("encoder_")})
-    dyn.update({"logits": {0: "positions_x_batch"}, "key_cache_updates": {0: "batch", 3: "tokens"},
-                "value_cache_updates": {0: "batch", 3: "tokens"}, "alignment_heads_weights": {0: "batch", 1: "head_rows"},
-                "token_logprobs": {0: "batch", 1: "scored"}})  # fmt: skip
+    dyn.update({n: {0: "batch", 3: CACHE_POSITIONS} for n in ex if n.startswith((KEY_CACHE, VALUE_CACHE))})
+    dyn[PADDING_MASK] = {0: "batch", 1: CACHE_POSITIONS}
+    dyn[INPUT_IDS] = {0: "batch", 1: "tokens"}
+    dyn[LOGIT_POSITIONS] = {0: "positions"}
+    dyn[LOGPROB_POSITIONS] = {0: "scored"}
+    dyn[LOGPROB_TOKENS] = {0: "batch", 1: "scored"}
+    dyn.update({n: {0: "encoder_batch"} for n in ex if n.startswith((CROSS_KEY, CROSS_VALUE))})
+    dyn.update({LOGITS: {0: "positions_x_batch"}, KEY_UPDATES: {0: "batch", 3: "tokens"},
+                VALUE_UPDATES: {0: "batch", 3: "tokens"}, ALIGNMENT_WEIGHTS: {0: "batch", 1: "head_rows"},
+                TOKEN_LOGPROBS: {0: "batch", 1: "scored"}})
     return _export(module, tuple(ex.values()), path, list(ex), SEQUENCE_OUTPUTS, dyn)
 
 
 def export_prefill(module, path: Path) -> Path:
     args = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
-    return _export(module, args, path, ["task", "language"], ["key_cache_prefill", "value_cache_prefill"], {})
+    return _export(module, args, path, [PREFILL_TASK, PREFILL_LANGUAGE], [KEY_PREFILL, VALUE_PREFILL], {})

@@ -1,4 +1,4 @@
-"""``whisperane convert``: checkpoint -> model bundle (DESIGN.md §3).
+"""``whisperane convert``: checkpoint -> model bundle (docs/DESIGN.md §3).
 
 The bundle is built in a temporary sibling directory and renamed into place only when every file and the
 config (with a sha256 per file) are written, so an interrupted conversion never leaves a bundle that looks
@@ -19,8 +19,10 @@ import torch
 from filelock import FileLock
 
 from .. import __version__
-from ..bundle import CONFIG_NAME, CONTRACT_VERSION, bundle_name, default_models_dir, hash_path, verify_bundle
+from ..contract import CONFIG_NAME, CONTRACT_VERSION, CONVERTER_REVISION
 from ..errors import ConversionError, ModelError
+from ..runtime.bundle import bundle_name, default_models_dir, verify_bundle
+from ..util import file_sha256
 from . import export_onnx, modules, quantize
 from .checkpoint import load_checkpoint
 from .prefill import compute_prefill_table, random_encoder_outputs
@@ -28,9 +30,6 @@ from .sources import resolve_source
 from .tokenizer_build import build_tokenizer_json, token_config
 
 FORMATS = ("onnx", "coreml")
-# Bumped whenever the converter's output changes for the same source and options, so bundles made by an
-# older converter are rebuilt instead of being taken as up to date.
-CONVERTER_REVISION = 17
 # Components that also get an ONNX Runtime variant with int8 weights: the decoder, whose per-token cost is
 # reading weights and caches, as weight-only MatMulNBits with each cache one input per layer (no per-step copy of
 # the concatenated caches); only TextDecoderSequence, which the runtime then uses for single steps too (one
@@ -216,7 +215,7 @@ def _config(tmp: Path, ckpt, resolved, s: int, palettize, extra: dict, seconds: 
         "precision": {"onnx": "float32", "onnx-int8": INT8_PRECISION, "coreml": coreml_precision},
         "conversion_options": extra["conversion_options"],
         "source": {"origin": resolved.origin, "format": resolved.format, "path": str(resolved.path), "sha256": resolved.sha256},
-        "files": {f: hash_path(tmp / f) for f in files},
+        "files": {f: file_sha256(tmp / f) for f in files},
         "created_by": f"whisperane {__version__}",
         "conversion_seconds": round(seconds, 1),
     }

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..audio import N_SAMPLES
-from ..bundle import MASK_VALUE
+from ..contract import MASK_VALUE
 from .modules import AudioEncoder, MelSpectrogram, TextDecoderSequence
 
 NOISE_LEVELS_DBFS = (-20, -30, -40, -50, -60, -70, -80, -90)

@@ -11,7 +11,7 @@ the same bytes and scales and dequantizes the rows it picks, so the largest tens
 
 With ``host_embedding``, the lookup leaves the graph instead: the ``Gather`` becomes the graph input
 ``token_embeddings`` [B, T, d] and the quantized rows are written to a ``.npy`` file of packed rows (each row's
-bytes, then its block scales' bytes: :func:`pack_rows`; read by ``whisperane.model.TokenTable``), which the host
+bytes, then its block scales' bytes: :func:`pack_rows`; read by ``whisperane.runtime.decoder.TokenTable``), which the host
 memory-maps and reads a few rows of per call. ONNX Runtime then holds the embedding once, prepacked for the
 logits, rather than twice (its prepacked copy and the bytes the ``Gather`` reads: 20 MB on tiny.en, 26.5 MB on
 base); the host's mapped file is resident only in the pages of the tokens it has looked up.
@@ -33,10 +33,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..contract import TOKEN_EMBEDDINGS
 from .export_onnx import embedding_name
 
 BITS = 8
-TOKEN_EMBEDDINGS = "token_embeddings"  # the input that replaces the lookup with ``host_embedding``
 ZERO_POINT = 1 << (BITS - 1)  # MatMulNBits' default zero point when none is given
 
 
@@ -65,7 +65,7 @@ def _matmul_nbits(a: str, weight: str, output: str, name: str, n: int, k: int, b
     return helper.make_node(
         "MatMulNBits", [a, f"{weight}_q8", f"{weight}_scales"], [output], name=name, domain="com.microsoft",
         K=k, N=n, bits=BITS, block_size=block_size, accuracy_level=4,
-    )  # fmt: skip
+    )
 
 
 def _gather_dequantized(emb: str, indices: str, output: str, k: int) -> list[onnx.NodeProto]:
@@ -128,7 +128,7 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32, host_embedding: Pa
             add_quantized(emb, numpy_helper.to_array(inits[emb]))
             nodes += _gather_dequantized(emb, node.input[1], node.output[0], k)
             for name, value in (("q8/zero_point", np.array(float(ZERO_POINT), np.float32)),
-                                ("q8/last_axis", np.array([-1], np.int64)), ("q8/embed_dim", np.array([k], np.int64))):  # fmt: skip
+                                ("q8/last_axis", np.array([-1], np.int64)), ("q8/embed_dim", np.array([k], np.int64))):
                 added[name] = numpy_helper.from_array(value, name)
         else:
             nodes.append(node)
@@ -148,10 +148,8 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32, host_embedding: Pa
 
 # The MLPs' second projections get int8 activations with a scale and zero point per row (frame) instead of the
 # dynamic quantization's one per tensor: their input (GELU's output) has its outliers in a few frames, so one
-# scale for the whole tensor leaves little resolution for the rest (input SQNR at 8 bits, base on JFK: 16.1 dB
-# per tensor against 37.1 dB per row in block 3, 26-29 against 35-43 dB elsewhere). With one scale per tensor
-# they had to stay float32 (base, 10-minute English file, int8 decoder: WER 4.69 % with them quantized so,
-# 3.67 % in float32, float32 encoder 3.74 %).
+# scale for the whole tensor leaves little resolution for the rest; with one scale per tensor they had to stay
+# float32 (benchmarks/results/2026-12-03-session19-row-quantized-fc2.md).
 ENCODER_ROW_QUANTIZED = "/mlp/fc2/"
 WEIGHT_LEVELS = 63  # 7-bit weights: AVX2's u8 x s8 pair sums (vpmaddubsw) cannot saturate
 
@@ -164,7 +162,7 @@ def quantize_dynamic_int8(src: Path, dst: Path) -> None:
     model = onnx.load(str(src), load_external_data=False)
     keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and ENCODER_ROW_QUANTIZED in n.name]
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
-                     op_types_to_quantize=["MatMul"], nodes_to_exclude=keep)  # fmt: skip
+                     op_types_to_quantize=["MatMul"], nodes_to_exclude=keep)
     model = onnx.load(str(dst))
     inits = {i.name: i for i in model.graph.initializer}
     nodes: list[onnx.NodeProto] = []
@@ -194,7 +192,7 @@ def _row_quantized_matmul(node: onnx.NodeProto, weight: np.ndarray, initializers
               f"{p}/colsum": wq.astype(np.float32).sum(axis=0), f"{p}/rows_k": np.array([-1, k], np.int64),
               f"{p}/zero": np.array(0, np.float32), f"{p}/levels": np.array(255, np.float32),
               f"{p}/tiny": np.array(np.finfo(np.float32).tiny, np.float32), f"{p}/minus_one": np.array([-1], np.int64),
-              f"{p}/n": np.array([n], np.int64), f"{p}/zero_i": np.array([0], np.int64)}  # fmt: skip
+              f"{p}/n": np.array([n], np.int64), f"{p}/zero_i": np.array([0], np.int64)}
     initializers.extend(numpy_helper.from_array(v, name) for name, v in consts.items())
     x, y = node.input[0], node.output[0]
 
@@ -219,4 +217,4 @@ def _row_quantized_matmul(node: onnx.NodeProto, weight: np.ndarray, initializers
         op("Shape", [x], "x_shape"), op("Slice", [f"{p}/x_shape", f"{p}/zero_i", f"{p}/minus_one"], "lead"),
         op("Concat", [f"{p}/lead", f"{p}/n"], "y_shape", axis=0),
         helper.make_node("Reshape", [f"{p}/y2", f"{p}/y_shape"], [y], name=f"{p}/y"),
-    ]  # fmt: skip
+    ]

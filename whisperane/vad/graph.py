@@ -2,10 +2,10 @@
 
 ONNX Runtime runs 2-D convolutions with its blocked-channel (NCHWc) kernels and 1-D ones through a generic
 im2col path. Silero's sequence model is 1-D convolutions over a few frames per 32 ms window (its STFT, then
-four encoder layers), and that path ran them at 7-10 GFLOP/s: 73 of 85 ms a call of 512 windows. The same
-convolutions over a height-1 image, with the first encoder layer's 129 input channels zero-padded to a multiple
-of the kernels' channel block, run the call in 33 ms (one thread); the probabilities move by at most 4e-7 in a
-call, 4e-6 over a whole 812 s file (the LSTM carries its state).
+four encoder layers), and that path runs them far below the machine's rate. The same convolutions over a
+height-1 image, with the first encoder layer's 129 input channels zero-padded to a multiple of the kernels'
+channel block, run the call in less than half the time; the probabilities move only by float rounding (the
+LSTM carries its state across calls; tests/test_vad.py holds the bound).
 
 The rewrite needs the ``onnx`` package (the build side's). Without it the model runs as published: the same
 probabilities to float rounding, only slower. The rewritten file is cached by the source's sha256.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import hash_path
+from ..util import file_sha256
 
 CHANNEL_BLOCK = 16  # ONNX Runtime's NCHWc block with AVX-512 (8 with AVX2 divides it)
 
@@ -28,7 +28,7 @@ def conv2d_variant(path: Path, cache_dir: Path) -> Path:
     """The rewritten copy of the Silero model at ``path``, made on first use in ``cache_dir`` under the source's
     sha256 (a model named by the user is never written beside), or ``path`` itself when the ``onnx`` package is
     not installed, the graph has nothing to rewrite or the cache cannot be written."""
-    target = cache_dir / f"{hash_path(path)[:16]}.conv2d.onnx"
+    target = cache_dir / f"{file_sha256(path)[:16]}.conv2d.onnx"
     if target.is_file():
         return target
     try:
@@ -59,7 +59,7 @@ def _rewrite_convs(graph) -> int:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         weight = weights.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
         if (weight is None or len(weight.dims) != 3 or uses[weight.name] != 1
-                or attrs.get("auto_pad", b"NOTSET") != b"NOTSET"):  # fmt: skip
+                or attrs.get("auto_pad", b"NOTSET") != b"NOTSET"):
             nodes.append(node)
             continue
         if not count:

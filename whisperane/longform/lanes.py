@@ -1,4 +1,5 @@
-"""Batched mode: the speech found by Silero VAD in ``batch_size`` lanes transcribed side by side.
+"""Batched mode, a layer over the sequential loop (``seek.SeekLoop``, through its public methods): the speech
+found by Silero VAD in ``batch_size`` lanes transcribed side by side.
 
 The speech regions (at most 30 s each) are split into ``batch_size`` lanes of consecutive regions with about
 equal speech. Each lane is the sequential loop over its speech alone (as ``vad_filter``): 30 s windows from
@@ -23,36 +24,27 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
-from .decoding import decode_windows, detect_language
-from .model import EncodedWindow, WhisperaneModel
-from .options import TranscribeOptions
-from .tokenizer import Tokenizer
-from .transcribe import Transcription, TranscriptionResult, Window, _empty_result, _result
-from .vad import (
-    VOICED,
-    WINDOW_SAMPLES,
-    SpeechRegion,
-    SpeechStream,
-    VadOptions,
-    default_vad,
-    restore_timestamps,
-    speech_regions,
-)
+from ..audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
+from ..decoding import decode_windows
+from ..options import TranscribeOptions
+from ..result import TranscriptionResult, result_from_segments
+from ..runtime.model import WhisperaneModel
+from ..tokenizer import Tokenizer
+from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, speech_regions
+from ..vad.silero import default_vad
+from ..vad.stream import SpeechStream
+from .seek import SeekLoop, choose_language, empty_result
+from .speech import vad_options
+from .window import Window
+from .words import restore_timestamps
 
-BATCHED_VAD = {"max_speech_duration_s": 30.0}  # regions of at most 30 s: lanes are cut at their edges
-# A lane starts without previous text: lanes of at least two windows of speech keep that to a few windows
-# of a long file (gapped 287 s test file, tiny.en: WER 8.86 % with 8 lanes of ~25 s, 5.23 % with one).
+# A lane starts without previous text, which costs accuracy: lanes of at least two windows of speech keep that to
+# a few windows of a long file (benchmarks/results/2026-12-01-lanes.md).
 MIN_LANE_SECONDS = 60.0
 
 
-def vad_options(options: TranscribeOptions, batched: bool) -> VadOptions:
-    values = {**(BATCHED_VAD if batched else {}), **(options.vad_parameters or {})}
-    return VadOptions(**values)
-
-
 def lane_regions(regions: Sequence[SpeechRegion], count: int,
-                 pauses: Sequence[int] | None = None) -> list[list[SpeechRegion]]:  # fmt: skip
+                 pauses: Sequence[int] | None = None) -> list[list[SpeechRegion]]:
     """At most ``count`` runs of consecutive regions, each of MIN_LANE_SECONDS or more where the speech allows.
     ``pauses[k]``: the silence (VAD windows) between regions k and k + 1 (``pause_lengths``); with them the runs
     end at the longest pauses their lengths allow (``_cuts_at_pauses``), else at equal shares of the speech."""
@@ -68,9 +60,8 @@ def lane_regions(regions: Sequence[SpeechRegion], count: int,
 
 # A lane starts without the previous text and the lane before it stops at the cut: cut where the speaker
 # pauses. A pause of GOOD_PAUSE (0.8 s) is as good a cut as a longer one; each lane's speech stays within
-# LANE_SPREAD of an equal share (the longest lane sets batched mode's wall time; regions of up to 30 s leave
-# little choice within 20 %: on the 609 s benchmark file the only cut outside a sonnet needs a lane 1.3 shares
-# long, which takes the same four windows as the longest equal-share lane).
+# LANE_SPREAD of an equal share, since the longest lane sets batched mode's wall time and regions of up to 30 s
+# leave little choice within a tighter spread (benchmarks/results/2026-12-02-lane-cuts.md).
 GOOD_PAUSE = 25
 LANE_SPREAD = (0.5, 1.3)
 
@@ -110,7 +101,7 @@ def pause_lengths(regions: Sequence[SpeechRegion], probabilities: np.ndarray, th
     """The silence between each two neighbouring regions, in VAD windows below ``threshold`` around the point
     between them: regions of at most 30 s split long speech at short pauses (often inside a sentence, and
     their padding makes them touch), which is the worst place for a lane to start without the previous text
-    and for the lane before it to end (base, 609 s file: a line of a sonnet cut there came out twice)."""
+    and for the lane before it to end (a line cut there can come out twice)."""
     loud = np.flatnonzero(np.asarray(probabilities) >= threshold)
     lengths = []
     for left, right in zip(regions[:-1], regions[1:], strict=True):
@@ -125,8 +116,8 @@ def pause_lengths(regions: Sequence[SpeechRegion], probabilities: np.ndarray, th
     return lengths
 
 
-def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioStream], options: TranscribeOptions,
-                       progress: Callable[[float, float], None] | None = None) -> TranscriptionResult:  # fmt: skip
+def transcribe_batched(model: WhisperaneModel, open_stream: Callable[[], AudioStream], options: TranscribeOptions,
+                       progress: Callable[[float, float], None] | None = None) -> TranscriptionResult:
     """Batched mode over a source opened once for the VAD, then once per lane (and per bin of tails) for its
     speech."""
     with open_stream() as stream:
@@ -135,19 +126,19 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     regions = speech_regions(probabilities, n_samples, vad)
     duration = n_samples / SAMPLE_RATE
     if not regions:
-        return _empty_result(model, options, duration)
+        return empty_result(model, options, duration)
     voiced_regions = speech_regions(probabilities, n_samples, VOICED)  # for every loop's seek guard, found once
 
-    def open_bin(tails: list[Tail]) -> Transcription:
+    def open_bin(tails: list[Tail]) -> SeekLoop:
         speech = SpeechStream(open_stream(), [r for tail in tails for r in tail.regions], n_samples, probabilities)
-        return Transcription.over_speech(model, speech, options, None, voiced_regions)
+        return SeekLoop.over_speech(model, speech, options, None, voiced_regions)
 
     rounds = _Rounds(model, options, open_bin, lambda done: progress and progress(done * duration, duration))
-    lanes: list[Transcription] = []
+    lanes: list[SeekLoop] = []
     try:
         for run in lane_regions(regions, options.batch_size, pause_lengths(regions, probabilities, vad.threshold)):
             speech = SpeechStream(open_stream(), run, n_samples, probabilities)
-            lanes.append(Transcription.over_speech(model, speech, options, None, voiced_regions))
+            lanes.append(SeekLoop.over_speech(model, speech, options, None, voiced_regions))
         # Tails are packed only where words say where to split a segment across two of them (split_at).
         rounds.run(lanes, defer_tails=options.word_timestamps and len(lanes) > 1)
     finally:
@@ -161,7 +152,7 @@ def transcribe_chunked(model: WhisperaneModel, open_stream: Callable[[], AudioSt
         restore_timestamps(b.all_segments, b.stream.time_map, voiced)
         segments.extend(split_at(b.all_segments, [tail.regions[0].start_s for tail in tails[1:]], b.tokenizer))
     segments.sort(key=lambda s: s["start"])  # stable: lanes are in audio order, bins hold what lanes left
-    return _result(segments, lanes[0].tokenizer, duration, lanes[0].language_probs, options.word_timestamps)
+    return result_from_segments(segments, lanes[0].tokenizer, duration, lanes[0].language_probs, options.word_timestamps)
 
 
 @dataclass(frozen=True)
@@ -169,7 +160,7 @@ class Tail:
     """What is left of a lane when its next window would be its last and not full: the original audio's
     regions from its seek on, decoded later in a bin with other lanes' tails."""
 
-    lane: Transcription
+    lane: SeekLoop
     regions: list[SpeechRegion]
 
     @property
@@ -179,8 +170,7 @@ class Tail:
 
 def pack_tails(tails: Sequence[Tail]) -> list[list[Tail]]:
     """Tails packed first-fit decreasing into bins of at most one window of speech, each bin's tails in audio
-    order. A lane's last window costs a whole encoder call however little it holds (609 s benchmark file, 8
-    lanes, tiny.en: their last windows held 0.3-27 s, 29 windows in all; 26 with bins)."""
+    order. A lane's last window costs a whole encoder call however little it holds: bins share those calls."""
     bins: list[list[Tail]] = []
     for tail in sorted(tails, key=lambda t: -t.n_samples):
         fit = next((b for b in bins if sum(t.n_samples for t in b) + tail.n_samples <= N_SAMPLES), None)
@@ -207,7 +197,7 @@ def split_at(segments: list[dict], junctions: Sequence[float], tokenizer: Tokeni
             part = words[a:b]
             text = "".join(w["word"] for w in part)
             out.append({**segment, "words": part, "text": text, "tokens": tokenizer.encode(text),
-                        "start": part[0]["start"], "end": part[-1]["end"]})  # fmt: skip
+                        "start": part[0]["start"], "end": part[-1]["end"]})
     return out
 
 
@@ -216,23 +206,23 @@ class _Rounds:
     the lanes leave; the language and decoding options (from the first window) and the batch of encoder rows
     are shared by all."""
 
-    def __init__(self, model: WhisperaneModel, options: TranscribeOptions, open_bin: Callable[[list[Tail]], Transcription],
-                 progress: Callable[[float], None]):  # fmt: skip
+    def __init__(self, model: WhisperaneModel, options: TranscribeOptions, open_bin: Callable[[list[Tail]], SeekLoop],
+                 progress: Callable[[float], None]):
         self.model, self.options, self.open_bin, self.progress = model, options, open_bin, progress
         self.tokenizer: Tokenizer | None = None
         self.language_probs: dict | None = None
         self.decoding = self.rows = None
-        self.lanes: list[Transcription] = []
-        self.bins: list[tuple[Transcription, list[Tail]]] = []  # each bin's loop and the tails it holds
+        self.lanes: list[SeekLoop] = []
+        self.bins: list[tuple[SeekLoop, list[Tail]]] = []  # each bin's loop and the tails it holds
 
-    def run(self, lanes: list[Transcription], defer_tails: bool) -> None:
+    def run(self, lanes: list[SeekLoop], defer_tails: bool) -> None:
         """Step every loop that has a window left: their windows encoded, decoded greedily in one call per
         token, then each finished by its own loop (fallback, words, seek). With ``defer_tails``, a lane whose
         next window would be its last and not full stops there; its tail goes to a bin (``_launch``)."""
         self.lanes = lanes
         active, waiting = list(lanes), []
         while True:
-            if defer_tails and (ending := [loop for loop in active if loop in lanes and _ends_in_a_tail(loop)]):
+            if defer_tails and (ending := [loop for loop in active if loop in lanes and ends_in_a_tail(loop)]):
                 waiting += [Tail(loop, loop.stream.regions_from(loop.seek * HOP_LENGTH)) for loop in ending]
                 active = [loop for loop in active if loop not in ending]
             batch = [(loop, w) for loop in active if (w := loop.next_window()) is not None]
@@ -245,15 +235,14 @@ class _Rounds:
             self._decode(batch)
             self.progress(self._done())
 
-    def _launch(self, waiting: list[Tail], free: int) -> list[Transcription]:
+    def _launch(self, waiting: list[Tail], free: int) -> list[SeekLoop]:
         """Bins of the waiting tails (taken from ``waiting``) for the ``free`` rows of this round, fullest
         first: tails that end in one round share windows; a tail never waits for a later one (a round of its
-        own costs more than the window it would share: 609 s gapped file, tiny.en)."""
+        own costs more than the window it would share)."""
         launched = []
         for pieces in pack_tails(waiting)[: max(0, free)]:
             loop = self.open_bin(pieces)
-            loop.begin(self.tokenizer, self.language_probs)
-            loop.all_tokens = list(pieces[0].lane.prompt)  # the previous text of the lane its first tail ends
+            loop.begin(self.tokenizer, self.language_probs, pieces[0].lane.prompt)  # the text before its first tail
             self.bins.append((loop, pieces))
             launched.append(loop)
             for tail in pieces:
@@ -266,12 +255,12 @@ class _Rounds:
         done = sum(min(loop.seek, loop.content_frames) for loop in loops)
         return done / max(1, sum(loop.content_frames for loop in self.lanes))
 
-    def _decode(self, batch: list[tuple[Transcription, Window]]) -> None:
+    def _decode(self, batch: list[tuple[SeekLoop, Window]]) -> None:
         model, options = self.model, self.options
         self.rows = model.encode_rows([w.mel for _, w in batch], self.rows)  # one batch of arrays for every step
-        enc = EncodedWindow(self.rows.first_rows(len(batch)))
+        enc = self.rows.first_rows(len(batch))
         if self.tokenizer is None:  # the first step: the language, from the first lane's first window
-            self.tokenizer, self.language_probs = _language(model, enc, options)
+            self.tokenizer, self.language_probs = choose_language(model, enc.row(0), options)
             self.decoding = options.decoding(options.temperature[0], self.tokenizer.language, None, seed=0)
             for loop in self.lanes:
                 loop.begin(self.tokenizer, self.language_probs)
@@ -280,17 +269,8 @@ class _Rounds:
             loop.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
 
 
-def _ends_in_a_tail(loop: Transcription) -> bool:
+def ends_in_a_tail(loop: SeekLoop) -> bool:
     """Whether a loop's next window would be its last and not full, after at least one window of its own (one
     the seek guard bounds is not: ``window_end``)."""
     left = loop.content_frames - loop.seek
     return loop.window_index > 0 and loop.window_end is None and 0 < left < N_FRAMES
-
-
-def _language(model: WhisperaneModel, enc: EncodedWindow, options: TranscribeOptions) -> tuple[Tokenizer, dict | None]:
-    """The given language, or the one detected on the first window of the first lane (the audio's first
-    speech, as faster-whisper's batched pipeline)."""
-    language, probs = options.language, None
-    if model.is_multilingual and language is None:
-        language, probs = detect_language(model, enc.row(0), model.tokenizer())
-    return model.tokenizer(language=language, task=options.task), probs

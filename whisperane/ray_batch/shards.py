@@ -17,33 +17,28 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .bundle import hash_path
-from .errors import WhisperaneError
+from ..errors import WhisperaneError
+from ..util import TEMP_GLOB, atomic_write, file_sha256
 
 WORD_TYPE = pa.struct([
     ("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()), ("probability", pa.float64()),
-])  # fmt: skip
+])
 SEGMENT_TYPE = pa.struct([
     ("id", pa.int64()), ("seek", pa.int64()), ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
     ("tokens", pa.list_(pa.int64())), ("temperature", pa.float64()), ("avg_logprob", pa.float64()),
     ("compression_ratio", pa.float64()), ("no_speech_prob", pa.float64()), ("words", pa.list_(WORD_TYPE)),
-])  # fmt: skip
+])
 # The columns each row gets after the input's own: the result JSON of transcribe() (null for a failed file),
 # the one-line error (null for a good one), the content hash and what produced the row.
 RESULT_SCHEMA = pa.schema([
     ("text", pa.string()), ("language", pa.string()), ("duration", pa.float64()),
     ("language_probs", pa.map_(pa.string(), pa.float64())), ("segments", pa.list_(SEGMENT_TYPE)),
     ("error", pa.string()), ("sha256", pa.string()), ("model", pa.string()), ("options", pa.string()),
-])  # fmt: skip
+])
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
 FORMATS = {"jsonl": ".jsonl", "parquet": ".parquet"}
 RUN_FILE = "_whisperane_batch.json"  # the model and options a directory's rows were made with
 SHARD_PREFIX = "part-"
-TEMP_PREFIX = ".tmp-"
-
-
-def file_sha256(path: str) -> str:
-    return hash_path(Path(path))
 
 
 def row_json(row: dict) -> dict:
@@ -58,28 +53,15 @@ def row_json(row: dict) -> dict:
     return row
 
 
-def _atomic_write(path: Path, write) -> None:
-    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
-    try:
-        with open(temp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    finally:
-        if temp.exists():
-            temp.unlink()
-
-
 def write_shard(path: Path, table: pa.Table) -> None:
     """Write ``table`` as the JSONL or Parquet shard ``path``, atomically."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        _atomic_write(path, lambda f: pq.write_table(table, f))
+        atomic_write(path, lambda f: pq.write_table(table, f))
         return
     lines = "".join(json.dumps(row_json(row), ensure_ascii=False) + "\n" for row in table.to_pylist())
-    _atomic_write(path, lambda f: f.write(lines.encode("utf-8")))
+    atomic_write(path, lambda f: f.write(lines.encode("utf-8")))
 
 
 def _shard_keys(path: Path) -> list[tuple[str, str | None, str | None]]:
@@ -131,7 +113,7 @@ class OutputDir:
         """Create or reopen ``root``: stale temporary files go, and the model and options must be those the
         directory's rows were made with (mixing them would make "done" mean two things)."""
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{TEMP_PREFIX}*"):
+        for stale in root.glob(TEMP_GLOB):
             stale.unlink(missing_ok=True)
         run_file = root / RUN_FILE
         settings = {"format": fmt, **settings}
@@ -144,7 +126,7 @@ class OutputDir:
                     "or write to a new --output directory"
                 )
         else:
-            _atomic_write(run_file, lambda f: f.write(json.dumps(settings, indent=1, sort_keys=True).encode()))
+            atomic_write(run_file, lambda f: f.write(json.dumps(settings, indent=1, sort_keys=True).encode()))
         out = cls(root, fmt)
         for shard in sorted(root.glob(f"{SHARD_PREFIX}*{FORMATS[fmt]}")):
             for path, sha256, error in _shard_keys(shard):
@@ -176,7 +158,7 @@ class OutputDir:
                 write_shard(shard, kept)
             else:
                 lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
-                _atomic_write(shard, lambda f, text=lines: f.write(text.encode("utf-8")))
+                atomic_write(shard, lambda f, text=lines: f.write(text.encode("utf-8")))
         for p in paths:
             self.rows.pop(p, None)
 

@@ -19,7 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import ModelError
+from ..errors import ModelError
+from ..util import sha256_bytes
 
 
 class Component(Protocol):
@@ -56,32 +57,19 @@ def _optimized_cache_dir(path: Path, ort) -> Path:
     use layouts specific to this processor), next to the component, named after its size and mtime so a
     rebuilt component never meets a stale cache."""
     st = path.stat()
-    key = _sha256(f"{ort.__version__}|{platform.machine()}|{_cpu_flags()}|{st.st_size}|{st.st_mtime_ns}".encode())[:16]
+    key = sha256_bytes(f"{ort.__version__}|{platform.machine()}|{_cpu_flags()}|{st.st_size}|{st.st_mtime_ns}".encode())[:16]
     return path.parent / ".ort-cache" / f"{path.stem}.{key}"
 
 
 @functools.cache
 def _cpu_flags() -> str:
     """The processor's feature flags (Linux's /proc/cpuinfo; empty elsewhere), read once a process: the file is
-    long on a many-core machine (7 ms a read on 2 cores, once for each component before)."""
+    long on a many-core machine."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith("flags")), "")
     except OSError:
         return ""
-
-
-def _sha256(data: bytes) -> str:
-    """sha256 hex digest of a few bytes from CPython's own implementation: hashlib loads OpenSSL's libcrypto,
-    3.3 MB of a short file's peak RSS, for this one key."""
-    try:
-        from _sha2 import sha256  # CPython 3.12 on
-    except ImportError:
-        try:
-            from _sha256 import sha256  # CPython 3.11
-        except ImportError:  # a build without them
-            from hashlib import sha256
-    return sha256(data).hexdigest()
 
 
 CACHED_GRAPH, CACHED_WEIGHTS = "graph.onnx", "weights.data"
@@ -110,13 +98,12 @@ class OnnxComponent:
 
     Graph optimization of a large model costs more than running it once: the first load saves the optimized
     graph (``.ort-cache/`` beside the component) with its weights in an external file, prepacked for this
-    CPU's kernels, and later loads map it as it is. Against a cached ORT-format graph, which repacks the
-    weights on every load (tiny.en int8 decoder: 270-290 ms, base 500 ms), that loads the tiny.en decoder in
-    160-200 ms with a 14 MB lower peak while loading, for twice the disk (68 MB against 32 MB).
+    CPU's kernels, and later loads map it as it is. A cached ORT-format graph would repack the weights on every
+    load: this is faster and lower at the peak, for twice the disk (benchmarks/results/2026-12-02-startup.md).
     """
 
     def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None,
-                 spinning: bool = True):  # fmt: skip
+                 spinning: bool = True):
         ort = _ort()
         available = ort.get_available_providers()
         providers = [p for p in (providers or default_providers()) if p in available] or ["CPUExecutionProvider"]
@@ -161,7 +148,7 @@ class OnnxComponent:
                 opts.optimized_model_filepath = str(work / CACHED_GRAPH)
                 for key, value in (("session.optimized_model_external_initializers_file_name", CACHED_WEIGHTS),
                                    ("session.optimized_model_external_initializers_min_size_in_bytes", "1024"),
-                                   ("session.save_external_prepacked_constant_initializers", "1")):  # fmt: skip
+                                   ("session.save_external_prepacked_constant_initializers", "1")):
                     opts.add_session_config_entry(key, value)
             except OSError:  # a read-only bundle: no cache
                 work = None
@@ -181,7 +168,7 @@ class OnnxComponent:
         opts.intra_op_num_threads = threads or 0
         # A session's worker threads spin for a while after each call, waiting for the next one: right for the
         # decoder's back-to-back steps, but a session whose next call is far off spins on a core another session
-        # needs (see loading.SPINNING_ROLES).
+        # needs (see runtime.sessions.SPINNING_ROLES).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -189,16 +176,15 @@ class OnnxComponent:
         opts.log_severity_level = 3
         # Memory: the components run one after another, so their activations share one arena (the process-wide
         # allocator) instead of each session growing its own; and no per-session "memory pattern" block, which
-        # for the encoder is a second copy of its largest activations (measured: -60 MB and -80 MB peak RSS on
-        # tiny.en, speed unchanged).
+        # for the encoder is a second copy of its largest activations (peak RSS lower, speed unchanged).
         opts.enable_mem_pattern = False
         if _shared_cpu_arena(ort):
             opts.add_session_config_entry("session.use_env_allocators", "1")
         return opts
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-        # ONNX Runtime still runs every node of the graph (measured: the prompt call's vocabulary projection ran
-        # with only the caches requested); the graph itself must skip work it is told is not needed.
+        # ONNX Runtime runs every node of the graph whatever outputs are asked for: the graph itself must skip
+        # work it is told is not needed (TextDecoderSequence's logit_positions).
         names = outputs or self._output_names
         values = self.session.run(names, feeds)
         return dict(zip(names, values, strict=True))
@@ -345,73 +331,6 @@ def uses_cpu_only() -> bool:
     """Whether ONNX components would run on the CPU provider alone."""
     available = set(_ort().get_available_providers())
     return [p for p in default_providers() if p in available] in ([], ["CPUExecutionProvider"])
-
-
-class CoreMLComponent:
-    """A Core ML model (.mlmodelc through the compiled-model API, .mlpackage otherwise). macOS only.
-
-    ``inputs``/``outputs`` map names to shapes as the package declares them, a flexible dimension (the stateless
-    TextDecoder's rows) named like ONNX's symbolic ones (``batch``); ``states`` the MLState shapes."""
-
-    def __init__(self, path: Path, compute_units: str = "ALL"):
-        if sys.platform != "darwin":
-            raise ModelError(f"{path}: the Core ML executor needs macOS; use --executor onnx here")
-        import coremltools as ct
-
-        units = getattr(ct.ComputeUnit, compute_units.upper(), None)
-        if units is None:
-            raise ModelError(f"unknown compute units {compute_units!r}; use ALL, CPU_ONLY, CPU_AND_GPU or CPU_AND_NE")
-        try:
-            if path.suffix == ".mlmodelc":
-                self.model = ct.models.CompiledMLModel(str(path), compute_units=units)
-                spec = None
-            else:
-                self.model = ct.models.MLModel(str(path), compute_units=units)
-                spec = self.model.get_spec()
-        except Exception as e:
-            raise ModelError(f"{path}: cannot load Core ML model ({e})") from None
-        self.name = path.stem.split(".")[0]
-        if spec is None:
-            package = path.with_suffix(".mlpackage")
-            spec = ct.utils.load_spec(str(package)) if package.exists() else None
-        features = (lambda which: getattr(spec.description, which)) if spec else (lambda which: [])
-        self.inputs = {f.name: coreml_shape(f) for f in features("input")}
-        self.outputs = {f.name: coreml_shape(f) for f in features("output")}
-        self.states = {f.name: coreml_shape(f) for f in features("state")}
-
-    def release_weights(self) -> None:
-        pass  # Core ML keeps its own copy of the weights
-
-    def make_state(self):
-        """A fresh MLState for a stateful package: each decoding call holds its own."""
-        return self.model.make_state()
-
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None, state=None) -> dict[str, np.ndarray]:
-        out = self.model.predict(feeds) if state is None else self.model.predict(feeds, state=state)
-        return {k: np.asarray(v) for k, v in out.items() if outputs is None or k in outputs}
-
-    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-        for name, value in self.run(feeds, list(outputs)).items():
-            np.copyto(outputs[name], value.reshape(outputs[name].shape))
-
-
-def coreml_shape(feature) -> tuple:
-    """A Core ML feature's shape: ints, a ranged dimension as ``batch`` (the only one our packages range)."""
-    kind = feature.type.WhichOneof("Type")
-    array = feature.type.stateType.arrayType if kind == "stateType" else feature.type.multiArrayType
-    ranges = list(array.shapeRange.sizeRanges)
-    if len(ranges) != len(array.shape):
-        return tuple(int(d) for d in array.shape)
-    return tuple(int(d) if r.lowerBound == r.upperBound else "batch" for d, r in zip(array.shape, ranges, strict=True))
-
-
-def open_component(bundle: Path, rel: str, executor: str, threads: int | None, compute_units: str,
-                   spinning: bool = True) -> Component:  # fmt: skip
-    path = bundle / rel
-    if executor == "onnx":
-        return OnnxComponent(path, threads, spinning=spinning)
-    compiled = path.with_suffix(".mlmodelc")  # compiled on macOS next to the package
-    return CoreMLComponent(compiled if compiled.exists() else path, compute_units)
 
 
 def _move_into_place(work: Path, target: Path) -> None:

@@ -1,4 +1,4 @@
-"""Model bundles on disk (DESIGN.md §3): locating, reading and verifying them. Shared by both sides."""
+"""Model bundles on disk (docs/DESIGN.md §3): locating, reading and verifying them. Shared by both sides."""
 
 from __future__ import annotations
 
@@ -7,14 +7,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .dims import ModelDimensions
-from .errors import ModelError
-
-CONTRACT_VERSION = 1
-# decoder_key_padding_mask for positions not attended: additive; -inf would turn fully masked rows into NaN
-MASK_VALUE = -1e4
-CONFIG_NAME = "config.json"
-COMPONENTS = ("MelSpectrogram", "AudioEncoder", "TextDecoder", "TextDecoderContextPrefill")
+from ..contract import CONFIG_NAME, CONTRACT_VERSION, CONVERTER_REVISION
+from ..dims import ModelDimensions
+from ..errors import ModelError
+from ..util import atomic_write, default_cache_dir, file_sha256
 
 
 def default_models_dir() -> Path:
@@ -25,29 +21,13 @@ def default_models_dir() -> Path:
     local = Path("models")
     if local.is_dir():
         return local
-    cache = os.environ.get("WHISPERANE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "whisperane")
-    return Path(cache) / "models"
+    return default_cache_dir() / "models"
 
 
 def bundle_name(source: str | os.PathLike) -> str:
     """The directory name under the models directory for a model name, hub id or checkpoint path."""
     name = Path(str(source).rstrip("/")).name if os.path.exists(source) else str(source)
     return name.replace("/", "--").removesuffix(".pt")
-
-
-def hash_path(path: Path) -> str:
-    """sha256 of a file, or of a directory's files (relative names and contents, in sorted order)."""
-    import hashlib  # here: it loads OpenSSL's libcrypto (3.3 MB resident), needed only when files are hashed
-
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        if path.is_dir():
-            h.update(str(f.relative_to(path)).encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def rebuild_command(cfg: dict | None, bundle: Path) -> str:
@@ -75,6 +55,10 @@ def read_config(bundle: Path) -> dict:
             f"{bundle}: bundle contract version {version} but this whisperane reads version {CONTRACT_VERSION}; "
             f"rebuild it with: {rebuild_command(cfg, bundle)}"
         )
+    revision = (cfg.get("conversion_options") or {}).get("converter_revision")
+    if not isinstance(revision, int) or revision < CONVERTER_REVISION:
+        raise ModelError(f"{bundle}: made by converter revision {revision}, older than this whisperane's "
+                         f"{CONVERTER_REVISION}; rebuild it with: {rebuild_command(cfg, bundle)}")
     return cfg
 
 
@@ -113,7 +97,7 @@ def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None, use_s
         if use_stamp and stamp.get(rel) == [expected, key]:
             fresh[rel] = stamp[rel]
             continue
-        if hash_path(path) != expected:
+        if file_sha256(path) != expected:
             raise ModelError(
                 f"{path}: checksum mismatch (corrupted or modified); rebuild the bundle with: {rebuild_command(cfg, bundle)}"
             )
@@ -122,9 +106,7 @@ def verify_bundle(bundle: Path, cfg: dict, names: list[str] | None = None, use_s
         fresh[rel] = [expected, key]
     if use_stamp and fresh != {k: stamp.get(k) for k in fresh}:
         try:  # best effort: a read-only bundle is simply hashed on every load
-            tmp = stamp_path.with_name(f".verified.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({**stamp, **fresh}))
-            os.replace(tmp, stamp_path)
+            atomic_write(stamp_path, lambda f: f.write(json.dumps({**stamp, **fresh}).encode()))
         except OSError:
             pass
 
@@ -206,29 +188,3 @@ class BundleInfo:
     def component_file(self, name: str, variant: str) -> Path | None:
         rel = self.component(name, variant)
         return None if rel is None else self.path / rel
-
-
-def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True) -> Path:
-    """A bundle directory for a model name or path; converts the named model on first use."""
-    p = Path(name_or_path)
-    if p.is_dir() and (p / CONFIG_NAME).is_file():
-        return p
-    candidate = default_models_dir() / bundle_name(name_or_path)
-    if (candidate / CONFIG_NAME).is_file():
-        return candidate
-    if not convert_missing:
-        raise ModelError(f"no bundle for {name_or_path!r} in {candidate.parent}; build it with: whisperane convert {name_or_path}")
-    try:
-        from .convert.pipeline import convert
-    except ImportError as e:
-        raise ModelError(
-            f"model {name_or_path!r} is not converted yet and the build side is not installed ({e.name} missing); "
-            "install with: pip install torch==2.13.0 'whisperane[convert]'"
-        ) from None
-    return convert(str(name_or_path), progress=_stderr_progress)
-
-
-def _stderr_progress(msg: str) -> None:
-    import sys
-
-    print(f"whisperane: {msg}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
-"""``whisperane batch``: transcribe a corpus on Ray Data, on one machine or a Ray cluster, resumably.
+"""``whisperane batch``, the Ray Data command: transcribe a corpus on one machine or a Ray cluster, resumably.
 
-The driver lists the inputs (``batch_inputs``), resolves the model to a bundle once (converting it on first
-use) and drops the files whose rows already stand in the output directory (``batch_shards``). Ray Data then
+The driver lists the inputs (``ray_batch.inputs``), resolves the model to a bundle once (converting it on first
+use) and drops the files whose rows already stand in the output directory (``ray_batch.shards``). Ray Data then
 streams the paths through an actor pool: each actor loads one model with ``threads_per_worker`` threads and
 reads, decodes and transcribes its files itself. A failed file is a row with its one-line error; an actor
 that dies is restarted by Ray and its block retried (Ray Data's default for actor pools). The driver writes
@@ -20,15 +20,17 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from .batch_inputs import read_inputs, rename_clashes
-from .batch_shards import FORMATS, RESULT_COLUMNS, RESULT_SCHEMA, OutputDir, file_sha256, plan
-from .errors import WhisperaneError
+from ..console import describe_error, print_error, print_note
+from ..errors import WhisperaneError
+from ..options import COMPUTE_TYPES
+from .dataset import transcribe_dataset
+from .inputs import read_inputs, rename_clashes
+from .shards import FORMATS, RESULT_COLUMNS, OutputDir, plan
 
 if TYPE_CHECKING:
     import ray.data
@@ -36,120 +38,14 @@ if TYPE_CHECKING:
 PROGRESS_INTERVAL_S = 10.0  # seconds between progress lines on stderr
 
 
-class _Transcriber:
-    """One Ray actor: one model, loaded when the first readable file needs it (bad files fail fast)."""
-
-    def __init__(self, bundle: str, model_name: str, threads: int, compute_type: str, options: dict):
-        self.bundle, self.threads, self.compute_type, self.options = bundle, threads, compute_type, options
-        self.model_name = model_name
-        self.options_json = json.dumps({"compute_type": compute_type, **options}, sort_keys=True)
-        self.model = None
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        records = [self.transcribe_file(path) for path in batch.column("path").to_pylist()]
-        results = pa.Table.from_pylist(records, schema=RESULT_SCHEMA)
-        for name in RESULT_COLUMNS:
-            batch = batch.append_column(RESULT_SCHEMA.field(name), results.column(name))
-        return batch
-
-    def transcribe_file(self, path: str) -> dict:
-        import whisperane
-        from whisperane.audio import open_audio
-
-        row: dict[str, Any] = {"model": self.model_name, "options": self.options_json}
-        try:
-            row["sha256"] = file_sha256(path)
-            stream = open_audio(path)
-            try:
-                result = whisperane.transcribe(stream, model=self._model(), **self.options)
-            finally:
-                stream.close()
-            return {**row, **result.to_dict()}
-        except _ModelUnavailable:
-            raise  # no file can be transcribed: the run stops with this error
-        except WhisperaneError as e:
-            return {**row, "error": str(e)}
-        except OSError as e:
-            return {**row, "error": f"{path}: {_describe(e)}"}
-        except Exception as e:  # noqa: BLE001 - one bad file must not end the run
-            return {**row, "error": f"{path}: internal error ({_describe(e)})"}
-
-    def _model(self):
-        if self.model is None:
-            import whisperane
-
-            try:
-                self.model = whisperane.load_model(self.bundle, threads=self.threads, compute_type=self.compute_type)
-            except WhisperaneError as e:
-                raise _ModelUnavailable(f"on node {os.uname().nodename}: {e}") from None
-        return self.model
-
-
-class _ModelUnavailable(WhisperaneError):
-    """An actor could not load the model (a bundle missing on a node): the run stops."""
-
-
-def _describe(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def transcribe_dataset(
-    data: ray.data.Dataset | Sequence[str | os.PathLike],
-    model: str | os.PathLike = "tiny.en",
-    *,
-    workers: int = 1,
-    threads_per_worker: int = 1,
-    compute_type: str = "default",
-    files_per_block: int = 1,
-    model_label: str | None = None,
-    **options: Any,
-) -> ray.data.Dataset:
-    """A Ray Dataset of transcription rows: the input's columns (those named like a result column renamed
-    ``input_<name>``) plus ``text``, ``language``, ``duration``, ``language_probs``, ``segments``,
-    ``error``, ``sha256``, ``model`` and ``options`` (see ``batch_shards.RESULT_SCHEMA``).
-
-    ``data``: a Dataset with a ``path`` column (files readable on every node), or a list of paths.
-    ``model`` is resolved to a bundle here, once (converted on first use); the actors load that bundle, so on
-    a cluster it must sit at the same path on every node (a shared filesystem). ``options`` are
-    ``TranscribeOptions`` fields. Lazy, like any Dataset: iterate, write or materialize it.
-    """
-    import ray.data
-
-    from .bundle import resolve_bundle
-    from .options import TranscribeOptions
-
-    option_kwargs = dataclasses.asdict(TranscribeOptions(**options))  # bad options fail here, in the driver, once
-    bundle = resolve_bundle(model)
-    if not isinstance(data, ray.data.Dataset):
-        paths = [os.path.abspath(p) for p in data]
-        data = ray.data.from_arrow([pa.table({"path": pa.array(paths[i : i + files_per_block], pa.string())})
-                                    for i in range(0, len(paths), files_per_block)])  # fmt: skip
-    renames = rename_clashes(data.columns(), RESULT_COLUMNS)
-    if renames:
-        data = data.rename_columns(renames)
-    return data.map_batches(
-        _Transcriber,
-        fn_constructor_kwargs={"bundle": str(bundle), "model_name": model_label or str(model), "threads": threads_per_worker,
-                               "compute_type": compute_type, "options": option_kwargs},  # fmt: skip
-        batch_format="pyarrow",
-        batch_size=1,  # a block's files one at a time; blocks are what actors share out
-        compute=ray.data.ActorPoolStrategy(size=workers),
-        num_cpus=threads_per_worker,
-    )
-
-
-# --- the command line ----------------------------------------------------------------------------------------
-
-
 def add_batch_parser(subparsers) -> None:
     """The ``batch`` subcommand and its arguments (the transcription options are ``transcribe``'s)."""
     p = subparsers.add_parser(
         "batch", help="transcribe a directory, glob or manifest of files on Ray Data into resumable shards",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )  # fmt: skip
+    )
     p.add_argument("input", help="a directory (searched recursively), a glob, or a manifest "
-                                 "(.jsonl, .csv, .parquet with a 'path' column; other columns are kept)")  # fmt: skip
+                                 "(.jsonl, .csv, .parquet with a 'path' column; other columns are kept)")
     p.add_argument("--output", "-o", required=True, help="directory of output shards (re-runs resume in it)")
     p.add_argument("--model", default="tiny.en", help="model name (converted once, before the workers start) or bundle directory")
     p.add_argument("--workers", type=int, default=None, help="actors, one model each (default: the cluster's CPUs / threads per worker)")
@@ -158,43 +54,35 @@ def add_batch_parser(subparsers) -> None:
     p.add_argument("--format", default="jsonl", choices=sorted(FORMATS), help="shard format")
     p.add_argument("--shard-size", type=int, default=100, help="rows per shard: the unit of resumption")
     p.add_argument("--retry-errors", action="store_true", help="transcribe again the files whose rows hold an error")
-    p.add_argument("--compute-type", default="default", choices=["default", "int8", "float32"])
+    p.add_argument("--compute-type", default="default", choices=COMPUTE_TYPES)
     _add_transcription_options(p)
 
 
 def _add_transcription_options(parser: argparse.ArgumentParser) -> None:
-    from .options import add_option_arguments
+    from ..options import add_option_arguments
 
     add_option_arguments(parser)
 
 
 def _transcription_options(args: argparse.Namespace) -> dict:
     """The TranscribeOptions fields the flags give, as keyword arguments of transcribe()."""
-    from .options import options_from_args
+    from ..options import options_from_args
 
     return dataclasses.asdict(options_from_args(args))
-
-
-def _error(msg: str) -> None:
-    print(f"whisperane: error: {msg}", file=sys.stderr, flush=True)
-
-
-def _note(msg: str) -> None:
-    print(f"whisperane: {msg}", file=sys.stderr, flush=True)
 
 
 def run_batch(args: argparse.Namespace) -> int:
     """``whisperane batch``: 0 when every file has a good row, 1 when any failed (their count on stderr) or
     the run could not start, 2 for a bad argument, 130 when interrupted (the shards written stay)."""
     for name, value in (("--workers", args.workers), ("--threads-per-worker", args.threads_per_worker),
-                        ("--shard-size", args.shard_size)):  # fmt: skip
+                        ("--shard-size", args.shard_size)):
         if value is not None and value < 1:
-            _error(f"{name} must be >= 1")
+            print_error(f"{name} must be >= 1")
             return 2
     try:
         import ray  # noqa: F401
     except ImportError:
-        _error("whisperane batch needs Ray: pip install 'whisperane[ray]'")
+        print_error("whisperane batch needs Ray: pip install 'whisperane[ray]'")
         return 1
     root = Path(args.output)
     try:
@@ -202,10 +90,10 @@ def run_batch(args: argparse.Namespace) -> int:
         options = _transcription_options(args)
         root.mkdir(parents=True, exist_ok=True)
     except (WhisperaneError, TypeError, ValueError) as e:
-        _error(str(e))
+        print_error(str(e))
         return 1
     except OSError as e:
-        _error(f"{args.output}: cannot create the output directory ({_describe(e)})")
+        print_error(f"{args.output}: cannot create the output directory ({describe_error(e)})")
         return 1
     from filelock import FileLock, Timeout
 
@@ -213,12 +101,12 @@ def run_batch(args: argparse.Namespace) -> int:
         with FileLock(str(root / ".lock"), timeout=0):
             return _run_locked(args, inputs, root, options)
     except Timeout:
-        _error(f"{args.output}: another whisperane batch is writing to this directory")
+        print_error(f"{args.output}: another whisperane batch is writing to this directory")
         return 1
 
 
 def _run_locked(args: argparse.Namespace, inputs: pa.Table, root: Path, options: dict) -> int:
-    from .bundle import resolve_bundle
+    from ..loading import resolve_bundle
 
     settings = {"model": str(args.model), "options": {"compute_type": args.compute_type, **options}}
     try:
@@ -228,12 +116,12 @@ def _run_locked(args: argparse.Namespace, inputs: pa.Table, root: Path, options:
         paths = inputs.column("path").to_pylist()
         todo, done = plan(out, paths, args.retry_errors)
     except (WhisperaneError, OSError, ValueError) as e:
-        _error(f"{args.output}: {e}" if isinstance(e, OSError) else str(e))
+        print_error(f"{args.output}: {e}" if isinstance(e, OSError) else str(e))
         return 1
     earlier = [out.rows[p].error for p in done if out.rows[p].error is not None]
     if done:
-        _note(f"{len(done)} of {len(paths)} file(s) already have rows in {args.output}, skipped"
-              + (f" ({len(earlier)} with errors; --retry-errors retries them)" if earlier else ""))  # fmt: skip
+        print_note(f"{len(done)} of {len(paths)} file(s) already have rows in {args.output}, skipped"
+              + (f" ({len(earlier)} with errors; --retry-errors retries them)" if earlier else ""))
     failed = 0
     if todo:
         import pyarrow.compute as pc
@@ -243,10 +131,10 @@ def _run_locked(args: argparse.Namespace, inputs: pa.Table, root: Path, options:
             todo_rows = inputs.filter(pc.is_in(inputs["path"], pa.array(todo, pa.string())))
             failed = _transcribe_todo(args, todo_rows, out, bundle, options)
         except WhisperaneError as e:
-            _error(str(e))
+            print_error(str(e))
             return 1
     if failed or earlier:
-        _error(f"{failed + len(earlier)} of {len(paths)} file(s) failed; their rows in {args.output} hold the errors")
+        print_error(f"{failed + len(earlier)} of {len(paths)} file(s) failed; their rows in {args.output} hold the errors")
         return 1
     return 0
 
@@ -261,17 +149,17 @@ def _transcribe_todo(args: argparse.Namespace, todo: pa.Table, out: OutputDir, b
         workers = args.workers or max(1, cpus // args.threads_per_worker)
         if workers * args.threads_per_worker > cpus:
             message = (f"{workers} worker(s) x {args.threads_per_worker} thread(s) need "
-                       f"{workers * args.threads_per_worker} CPUs; the Ray cluster has {cpus}")  # fmt: skip
+                       f"{workers * args.threads_per_worker} CPUs; the Ray cluster has {cpus}")
             if started:
                 raise WhisperaneError(message)  # a local Ray does not grow: the pool would wait forever
-            _note(f"{message} now (waiting for the cluster to scale up)")
+            print_note(f"{message} now (waiting for the cluster to scale up)")
         per_block = max(1, min(args.shard_size, 16, todo.num_rows // (workers * 4)))
         blocks = [todo.slice(i, per_block) for i in range(0, todo.num_rows, per_block)]
         dataset = transcribe_dataset(
             ray.data.from_arrow(blocks), bundle, workers=workers, threads_per_worker=args.threads_per_worker,
             compute_type=args.compute_type, model_label=str(args.model), **options,
-        )  # fmt: skip
-        _note(f"transcribing {todo.num_rows} file(s) with {workers} worker(s) x {args.threads_per_worker} thread(s)")
+        )
+        print_note(f"transcribing {todo.num_rows} file(s) with {workers} worker(s) x {args.threads_per_worker} thread(s)")
         try:
             return _write_rows(dataset, out, args.shard_size, todo.num_rows)
         except Exception as e:
@@ -329,8 +217,8 @@ class _Progress:
             wall = now - self.start
             rtf = f"{wall / self.audio_s:.3f}" if self.audio_s else "-"
             eta = math.ceil((self.total - self.done) * wall / self.done)
-            _note(f"{self.done}/{self.total} files, {self.audio_s / 3600:.3f} h of audio, RTF {rtf}, "
-                  f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")  # fmt: skip
+            print_note(f"{self.done}/{self.total} files, {self.audio_s / 3600:.3f} h of audio, RTF {rtf}, "
+                  f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
 
 
 def _write_rows(dataset: ray.data.Dataset, out: OutputDir, shard_size: int, total: int) -> int:
@@ -342,7 +230,7 @@ def _write_rows(dataset: ray.data.Dataset, out: OutputDir, shard_size: int, tota
     try:
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             for error in batch.column("error").drop_null().to_pylist():
-                _error(error)
+                print_error(error)
             failed += batch.num_rows - batch.column("error").null_count
             pending.append(batch)
             progress.update(batch)
@@ -358,14 +246,14 @@ def _write_rows(dataset: ray.data.Dataset, out: OutputDir, shard_size: int, tota
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m whisperane.batch INPUT --output OUT ...`` (the same as ``whisperane batch``)."""
+    """``python -m whisperane.ray_batch INPUT --output OUT ...`` (the same as ``whisperane batch``)."""
     parser = argparse.ArgumentParser(prog="whisperane")
     add_batch_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["batch", *(sys.argv[1:] if argv is None else argv)])
     try:
         return run_batch(args)
     except KeyboardInterrupt:
-        _error("interrupted; the shards written are complete, a re-run finishes the rest")
+        print_error("interrupted; the shards written are complete, a re-run finishes the rest")
         return 130
 
 

@@ -11,38 +11,28 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .audio import HOP_LENGTH, N_SAMPLES, AudioStream
+from ..audio import HOP_LENGTH, N_SAMPLES, AudioStream
+from ..contract import (
+    AUDIO,
+    ENCODER_OUTPUT,
+    KEY_PREFILL,
+    MEL_FEATURES,
+    PREFILL_LANGUAGE,
+    PREFILL_TASK,
+    VALUE_PREFILL,
+)
+from ..tokenizer import Tokenizer
 from .bundle import BundleInfo
-from .decoder import CrossAttention, Decoder, DecoderState, cross_attention_reader
-from .tokenizer import Tokenizer
+from .decoder import CrossAttention, Decoder, cross_attention_reader
+from .state import DecoderState
 
-if TYPE_CHECKING:  # imported for annotations only: loading imports this module
-    from .loading import BundleKind, Sessions
-    from .transcribe import TranscriptionResult
-
-
-ENCODER_OUTPUT = "encoder_output_embeds"  # the AudioEncoder's output beside the cross K/V
-
-
-@dataclass(frozen=True)
-class EncodedWindow:
-    """One encoder call (B windows): the decoder's cross-attention K/V. The encoder's own output
-    (``encoder_output_embeds``) is not fetched: the runtime never reads it, and held it was another [B, d, 1, F]
-    array beside the K/V (batched mode, base, 8 windows: 24.6 MB)."""
-
-    cross: CrossAttention
-
-    @property
-    def batch(self) -> int:
-        return self.cross.batch
-
-    def row(self, i: int) -> EncodedWindow:
-        return EncodedWindow(self.cross.row(i))
+if TYPE_CHECKING:  # imported for annotations only
+    from ..result import TranscriptionResult
+    from .sessions import BundleKind, Sessions
 
 
 class WhisperaneModel:
@@ -85,7 +75,7 @@ class WhisperaneModel:
         n = min(len(audio), N_SAMPLES)
         window = np.zeros(N_SAMPLES, dtype=np.float32)
         window[:n] = audio[:n]
-        mel = self._sessions.mel.run({"audio": window})["melspectrogram_features"]
+        mel = self._sessions.mel.run({AUDIO: window})[MEL_FEATURES]
         content_frames = n // HOP_LENGTH
         if file_peak is not None:
             mel = np.maximum(mel, np.float32(file_peak - 2.0))
@@ -102,35 +92,34 @@ class WhisperaneModel:
             start += len(samples)
         return peak
 
-    def encode(self, mel: np.ndarray) -> EncodedWindow:
-        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows.
+    def encode(self, mel: np.ndarray) -> CrossAttention:
+        """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows (the encoder's own output is not fetched: the
+        runtime never reads it, and held it would be another [B, d, 1, F] array).
 
         The decoder's weights are idle while the encoder runs, and the encoder's until the next window: each
         leaves the resident set while the other works (``Component.release_weights``), so the peak holds one
-        component's weights, not both (JFK peak RSS, whole process: tiny.en 201 -> 168 MiB, base ~276 -> 218 MiB)."""
+        component's weights, not both (benchmarks/results/2026-12-03-session17-avx2.md)."""
         self._sessions.release_decoder_weights()
         out = self._sessions.encoder.run(self._encoder_feeds(mel), self._cross_outputs)
         self._sessions.encoder.release_weights()
-        return EncodedWindow(self._cross(out))
+        return self._cross(out)
 
     def encode_rows(self, mels: Sequence[np.ndarray], into: CrossAttention | None = None) -> CrossAttention:
         """Windows [1, M, 1, 3000] encoded one call each into the first len(mels) rows of ``into``, a batch of
         cross K/V from an earlier call, or of a new batch where it is None or has fewer rows; the batch written.
 
         One call a window, not one for the batch: the int8 encoder quantizes its activations with one scale per
-        call, so in a batched call a window's encoding would depend on the windows beside it (the 10-minute
-        file's WER moved 4.42 -> 4.15 % with nothing else changed); one call a window gives every window the
-        encoding the sequential loop gives it, at a small cost or none on the CPU (tiny.en, 8 windows: 3.95 s /
-        427 MB peak RSS in one call against 3.77 s / 319 MB one by one in one measurement, 418 against 485 ms
-        a window in another).
+        call, so in a batched call a window's encoding would depend on the windows beside it (and the transcript
+        with it); one call a window gives every window the encoding the sequential loop gives it, at a small cost
+        or none on the CPU.
 
         Where the encoder's outputs are the decoder's inputs, ONNX Runtime writes them into the batch's rows in
-        place. Copying them into a new batch each step took 0.69 s of a 16 s batched run (tiny.en, 609 s file,
-        29 windows): the copy faulted in every page of the new arrays; a reused batch has its pages already."""
+        place: a copy into a new batch each step faults in every page of the new arrays; a reused batch has its
+        pages already."""
         if into is None or into.batch < len(mels):
-            first = self.encode(mels[0]).cross
+            first = self.encode(mels[0])
             into = CrossAttention({n: np.empty((len(mels), *a.shape[1:]), a.dtype) for n, a in first.feeds.items()},
-                                  len(mels))  # fmt: skip
+                                  len(mels))
             into.set_row(0, first)
             mels, start = mels[1:], 1
         else:
@@ -141,7 +130,7 @@ class WhisperaneModel:
 
     def _encode_row(self, mel: np.ndarray, into: CrossAttention, row: int) -> None:
         if not self._cross.in_place:
-            into.set_row(row, self.encode(mel).cross)
+            into.set_row(row, self.encode(mel))
             return
         self._sessions.release_decoder_weights()
         self._sessions.encoder.run_into(self._encoder_feeds(mel), {n: into.feeds[n][row : row + 1] for n in self._cross.names})
@@ -149,7 +138,7 @@ class WhisperaneModel:
 
     @staticmethod
     def _encoder_feeds(mel: np.ndarray) -> dict[str, np.ndarray]:
-        return {"melspectrogram_features": np.ascontiguousarray(mel, dtype=np.float32)}
+        return {MEL_FEATURES: np.ascontiguousarray(mel, dtype=np.float32)}
 
     @contextmanager
     def decoding_state(self, batch: int) -> Iterator[DecoderState]:
@@ -165,13 +154,14 @@ class WhisperaneModel:
         key = (task_index, language_token)
         with self._prefill_lock:
             if key not in self._prefill_cache:
-                feeds = {"task": np.array([task_index], dtype=np.int32), "language": np.array([language_token], dtype=np.int32)}
+                feeds = {PREFILL_TASK: np.array([task_index], dtype=np.int32),
+                         PREFILL_LANGUAGE: np.array([language_token], dtype=np.int32)}
                 out = self._sessions.prefill().run(feeds)
-                self._prefill_cache[key] = (out["key_cache_prefill"], out["value_cache_prefill"])
+                self._prefill_cache[key] = (out[KEY_PREFILL], out[VALUE_PREFILL])
             return self._prefill_cache[key]
 
     def transcribe(self, audio: str | os.PathLike | np.ndarray, **options) -> TranscriptionResult:
         """``whisperane.transcribe(audio, model=self, **options)``, as openai-whisper's ``model.transcribe``."""
-        from .transcribe import transcribe
+        from ..transcribe import transcribe
 
         return transcribe(audio, model=self, **options)

@@ -16,15 +16,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .errors import WhisperaneError
+from ..audio import AUDIO_EXTENSIONS
+from ..errors import WhisperaneError
 
 MANIFEST_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-
-
-def audio_extensions() -> set[str]:
-    from .cli import AUDIO_EXTENSIONS  # the CLI's list: `transcribe DIR` and `batch DIR` find the same files
-
-    return AUDIO_EXTENSIONS
 
 
 def read_inputs(spec: str) -> pa.Table:
@@ -32,7 +27,7 @@ def read_inputs(spec: str) -> pa.Table:
     .parquet with a ``path`` column), a single file, or a glob (``**`` recurses; audio files only)."""
     p = Path(spec)
     if p.is_dir():
-        found = sorted(str(f.resolve()) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in audio_extensions())
+        found = sorted(str(f.resolve()) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_EXTENSIONS)
         if not found:
             raise WhisperaneError(f"{spec}: directory holds no audio files")
         return pa.table({"path": pa.array(found, pa.string())})
@@ -43,8 +38,8 @@ def read_inputs(spec: str) -> pa.Table:
     if glob.has_magic(spec):
         matches = sorted(
             os.path.abspath(m) for m in glob.glob(spec, recursive=True)
-            if os.path.isfile(m) and Path(m).suffix.lower() in audio_extensions()
-        )  # fmt: skip
+            if os.path.isfile(m) and Path(m).suffix.lower() in AUDIO_EXTENSIONS
+        )
         if not matches:
             raise WhisperaneError(f"{spec}: the glob matches no audio files")
         return pa.table({"path": pa.array(matches, pa.string())})

@@ -1,0 +1,69 @@
+"""One 30 s window of the seek loop (``Window``), read from an audio stream and encoded (``read_window``), and
+the clips of ``clip_timestamps`` in mel frames."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
+from ..runtime.decoder import CrossAttention
+from ..runtime.model import WhisperaneModel
+
+SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe
+
+
+def read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int, file_peak: float | None,
+                 encode: bool = True) -> tuple[CrossAttention | None, np.ndarray, np.ndarray | None]:
+    """The window at ``seek``: its encoding (or, without ``encode``, its log-mel for a batch encoded together),
+    its samples. Neither for digital silence, where Whisper is known to invent " you" (with a no-speech
+    probability that the log-probability rule overrides)."""
+    start = seek * HOP_LENGTH
+    samples = stream.read(start, min(n_frames * HOP_LENGTH, N_SAMPLES))
+    peak = float(np.abs(samples).max()) if len(samples) else 0.0
+    if peak < SILENCE_PEAK:
+        return None, samples, None
+    mel = model.log_mel(samples, file_peak)
+    return (model.encode(mel), samples, None) if encode else (None, samples, mel)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One 30 s window of the seek loop: where it starts, how much audio it holds, and its encoding (None for
+    digital silence)."""
+
+    seek: int  # mel frame of the window's start
+    size: int  # mel frames of audio in the window (less than N_FRAMES at the end or a clip's end)
+    enc: CrossAttention | None
+    samples: np.ndarray
+    mel: np.ndarray | None = None  # a window read to be encoded with others (SeekLoop.next_window)
+
+    @property
+    def held_frames(self) -> int:
+        """Mel frames of audio the window holds (its last one partial)."""
+        return -(-len(self.samples) // HOP_LENGTH)
+
+    @property
+    def is_silence(self) -> bool:
+        return self.enc is None and self.mel is None
+
+    @property
+    def time_offset(self) -> float:
+        return float(self.seek * HOP_LENGTH / SAMPLE_RATE)
+
+    @property
+    def end_time(self) -> float:
+        return float((self.seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE)
+
+    @property
+    def duration(self) -> float:
+        return self.size * HOP_LENGTH / SAMPLE_RATE
+
+
+def clip_ranges(clip_timestamps: Sequence[float], content_frames: int) -> list[tuple[int, int]]:
+    frames = [round(v * FRAMES_PER_SECOND) for v in clip_timestamps]
+    if len(frames) % 2 == 1:
+        frames.append(content_frames)
+    return [(min(s, content_frames), min(e, content_frames)) for s, e in zip(frames[::2], frames[1::2], strict=True)]

@@ -1,0 +1,1 @@
+"""The backend boundary: bundles, executors, Core ML, decoder states and adapters, sessions, the loaded model."""
