@@ -266,6 +266,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from .convert.cli import add_convert_parser
 
     add_convert_parser(sub)
+    from .server.command import add_serve_parser
+
+    add_serve_parser(sub)
     if argv and argv[0] == "batch":  # its module imports pyarrow (seconds): only when the command is batch
         from .batch import add_batch_parser
 
@@ -324,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
                     from .batch import run_batch
 
                     return run_batch(args)
+                if args.command == "serve":
+                    from .server.command import run_serve
+
+                    return run_serve(args)
                 from .convert.cli import run_convert
 
                 return run_convert(args)

@@ -90,13 +90,16 @@ def transcribe(
     task: str = "transcribe",
     word_timestamps: bool = True,
     progress: Callable[[float, float], None] | None = None,
+    on_segment: Callable[[Segment], None] | None = None,
     **kwargs,
 ) -> TranscriptionResult:
     """Transcribe a file path, a 16 kHz mono float array or an open AudioStream.
 
     ``kwargs`` are the fields of :class:`TranscribeOptions` (an unknown name is a TypeError; an invalid value
     an OptionsError). A model name or path is loaded once and reused by later calls. ``progress(seconds_done,
-    duration)`` is called after each window.
+    duration)`` is called after each window; ``on_segment(segment)`` with each segment as its window is kept, in
+    order (text final; times on the audio the loop reads: the speech alone under vad_filter; batched mode calls
+    it for all segments at the end).
     """
     unknown = set(kwargs) - {f.name for f in fields(TranscribeOptions)}
     if unknown:
@@ -112,9 +115,12 @@ def transcribe(
 
         if isinstance(audio, AudioStream):
             raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
-        return transcribe_chunked(model, lambda: open_audio(audio), options, progress)
+        result = transcribe_chunked(model, lambda: open_audio(audio), options, progress)
+        for segment in result.segments if on_segment else ():
+            on_segment(segment)
+        return result
     if options.vad_filter:
-        return _transcribe_speech(model, audio, options, progress)
+        return _transcribe_speech(model, audio, options, progress, on_segment)
     voice = VoiceOnDemand() if options.speech_guard else None
     peak = None
     if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
@@ -122,7 +128,7 @@ def transcribe(
             peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return Transcription(model, stream, options, progress, voice, peak).run()
+        return Transcription(model, stream, options, progress, voice, peak, on_segment).run()
     finally:
         if stream is not audio:
             stream.close()
@@ -211,7 +217,7 @@ class VoiceRegions(VoiceCheck):
         return cls(frames)
 
 
-def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress) -> TranscriptionResult:
+def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress, on_segment=None) -> TranscriptionResult:
     """vad_filter: the seek loop over the speech alone (with the seek guard), its times put back on the
     original audio."""
     from .chunked import vad_options
@@ -223,6 +229,7 @@ def _transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions
         if stream.n_samples == 0:
             return _empty_result(model, options, duration)
         loop = Transcription.over_speech(model, stream, options, progress)
+        loop.on_segment = on_segment
         loop.run_windows()
         restore_timestamps(loop.all_segments, stream.time_map, stream.probabilities >= vad.threshold)
         return _result(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)
@@ -435,7 +442,7 @@ class Transcription:
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
                  progress: Callable[[float, float], None] | None, voice: VoiceCheck | None = None,
-                 file_peak: float | None = None):  # fmt: skip
+                 file_peak: float | None = None, on_segment: Callable[[Segment], None] | None = None):  # fmt: skip
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
         self.model, self.stream, self.options, self.progress = model, stream, options, progress
@@ -455,6 +462,7 @@ class Transcription:
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
         self.window_end: int | None = None  # where the guard ends the next window (the unheard stretch alone)
         self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
+        self.on_segment = on_segment  # called with each kept segment (transcribe's hook for streamed results)
 
     @classmethod
     def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
@@ -611,6 +619,8 @@ class Transcription:
                 s["id"] = len(self.all_segments)
                 self.all_segments.append(s)
                 self.all_tokens.extend(s["tokens"])
+                if self.on_segment:
+                    self.on_segment(_segment(s, self.options.word_timestamps))
         resumed = seek in self.resumed
         if not self.options.condition_on_previous_text or result.temperature > 0.5 or resumed:
             self.prompt_reset_since = len(self.all_tokens)  # no prompt after a high temperature

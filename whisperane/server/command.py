@@ -1,0 +1,75 @@
+"""``whisperane serve``: its flags and its entry (FastAPI, uvicorn and Ray are imported only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..errors import WhisperaneError
+
+DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise: the server is reachable from this machine only
+API_KEY_ENV = "WHISPERANE_API_KEY"
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible transcription server (HTTP, SSE, WebSocket, a page)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 exposes it to the network)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", action="append", default=None,
+                   help="model name or bundle directory, loaded at start; repeat for several (whisper-1: the first)")  # fmt: skip
+    p.add_argument("--api-key", default=None, help=f"require Authorization: Bearer KEY (default: ${API_KEY_ENV})")
+    p.add_argument("--max-concurrency", type=int, default=os.cpu_count() or 1,
+                   help="decodes at once (one ONNX Runtime thread each)")  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those (more: 503 + Retry-After)")
+    p.add_argument("--max-upload-mb", type=float, default=25.0)
+    p.add_argument("--max-audio-minutes", type=float, default=60.0)
+    p.add_argument("--ray-address", default=None, help="serve on Ray Serve at this cluster address ('auto', 'local')")
+    p.add_argument("--replicas", type=int, default=2, help="Ray Serve replicas (each one loads the models)")
+
+
+def model_id(name: str) -> str:
+    """A model's id in requests: its name, or a bundle directory's name."""
+    return Path(name).name if os.sep in name or Path(name).is_dir() else name
+
+
+def load_models(names: list[str], threads: int = 1) -> dict:
+    from ..loading import load_model
+
+    models = {}
+    for name in names:
+        key = model_id(name)
+        if key in models or key == "whisper-1":
+            raise WhisperaneError(f"two models would have the id '{key}'")
+        models[key] = load_model(name, threads=threads)
+    return models
+
+
+def server_config(args: argparse.Namespace):
+    from .app import ServerConfig
+
+    if args.max_concurrency < 1 or args.max_queue < 0 or args.max_upload_mb <= 0 or args.max_audio_minutes <= 0:
+        raise WhisperaneError("--max-concurrency must be >= 1, --max-queue >= 0, the size and length limits > 0")
+    return ServerConfig(api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                        max_upload_mb=args.max_upload_mb, max_audio_minutes=args.max_audio_minutes,
+                        workers=args.max_concurrency, queue=args.max_queue)  # fmt: skip
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise WhisperaneError(f"the server needs {e.name}: pip install 'whisperane[server]'") from None
+    config = server_config(args)
+    names = args.model or ["tiny.en"]
+    if args.ray_address:
+        from .ray_serve import serve_on_ray
+
+        return serve_on_ray(names, config, args.ray_address, args.replicas, args.host, args.port)
+    from .app import create_app
+
+    app = create_app(load_models(names), config)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets")
+    return 0
