@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .. import WhisperaneError, WhisperaneModel, __version__
+from .. import TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
 from ..audio import open_audio
 from ..errors import OptionsError
 from .openai_api import (
@@ -121,6 +121,10 @@ class Server:
             upload = await read_upload(request.headers.get("content-type"), request.stream(), max_bytes,
                                        self.config.spool_dir)  # fmt: skip
             options = request_options(upload, task, list(self.models))
+            try:
+                TranscribeOptions(**options.transcribe)  # an invalid value is a 400 before any decode or stream
+            except (OptionsError, TypeError) as e:
+                raise options_error(e) from None
             model = self.model(options.model)
             if task == "translate" and not model.is_multilingual:
                 raise ApiError(400, f"the model '{options.model}' is English-only and cannot translate", param="model")
@@ -207,7 +211,7 @@ def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None =
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": list(server.models), "admitted": server.pool.admitted,
-                "capacity": server.pool.capacity}  # fmt: skip
+                "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}  # fmt: skip
 
     @app.get("/v1/models")
     async def list_models():

@@ -75,6 +75,7 @@ class DecodePool:
             raise ValueError("the pool needs at least one worker and a queue of zero or more")
         self.workers, self.capacity = workers, workers + queue
         self._admitted = 0
+        self.cancelled = 0  # jobs stopped because their client left (reported by /health)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="whisperane-decode")
 
@@ -96,8 +97,13 @@ class DecodePool:
 
     def submit(self, job: Job, fn: Callable[..., Any], *args: Any) -> Future:
         def run() -> Any:
-            job.check()  # a job whose client left while it waited in the queue never starts
-            return fn(job, *args)
+            try:
+                job.check()  # a job whose client left while it waited in the queue never starts
+                return fn(job, *args)
+            except Cancelled:
+                with self._lock:
+                    self.cancelled += 1
+                raise
 
         return self._executor.submit(run)
 
