@@ -215,7 +215,7 @@ def test_full_queue_is_503_with_retry_after_and_the_key_is_required(models, long
         client = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
         busy = client.audio.transcriptions.with_streaming_response.create(model="whisper-1", file=long_file.open("rb"),
                                                                          stream=True)  # fmt: skip
-        with busy as first:  # headers received: its decode holds the only worker
+        with busy:  # headers received: its decode holds the only worker
             r = httpx.post(url + "/v1/audio/transcriptions", headers={"Authorization": "Bearer s3cret"},
                            files={"file": JFK.open("rb")})  # fmt: skip
             assert r.status_code == 503 and int(r.headers["retry-after"]) > 0

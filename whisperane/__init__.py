@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 # not the module of the same name.
 from .decoding import DecodingResult  # noqa: E402
 from .errors import AudioError, ModelError, OptionsError, OutputError, WhisperaneError  # noqa: E402
+from .live import StreamEvent, stream  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .model import WhisperaneModel  # noqa: E402
 from .options import DecodingOptions, TranscribeOptions  # noqa: E402
@@ -15,6 +16,6 @@ from .transcribe import Segment, TranscriptionResult, Word, transcribe  # noqa: 
 
 __all__ = [
     "AudioError", "DecodingOptions", "DecodingResult", "ModelError", "OptionsError", "OutputError", "Segment",
-    "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "WhisperaneModel", "Word", "__version__",
-    "load_model", "transcribe",
+    "StreamEvent", "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "WhisperaneModel", "Word", "__version__",
+    "load_model", "stream", "transcribe",
 ]  # fmt: skip

@@ -22,6 +22,7 @@ from .decoder import CrossAttention, Decoder, DecoderState, cross_attention_read
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported for annotations only: loading imports this module
+    from .live import LiveTranscriber
     from .loading import BundleKind, Sessions
     from .transcribe import TranscriptionResult
 
@@ -175,3 +176,10 @@ class WhisperaneModel:
         from .transcribe import transcribe
 
         return transcribe(audio, model=self, **options)
+
+    def stream(self, **options) -> LiveTranscriber:
+        """A live stream on this model (``feed()`` audio, ``finish()``): whisperane.live.LiveTranscriber.
+        ``options``: TranscribeOptions and whisperane.live.LiveOptions fields, and ``clock``."""
+        from .live import LiveTranscriber
+
+        return LiveTranscriber(self, **options)
