@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -18,6 +19,8 @@ httpx = pytest.importorskip("httpx")
 
 from served import joined_clips, serving  # noqa: E402
 
+import whisperane  # noqa: E402
+from whisperane.audio import load_audio  # noqa: E402
 from whisperane.cli import main as cli_main  # noqa: E402
 from whisperane.loading import load_model  # noqa: E402
 
@@ -229,3 +232,31 @@ def test_serve_binds_loopback_by_default():
 
     args = build_parser(["serve"]).parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.max_upload_mb == 25 and args.api_key is None
+
+
+def _pcm_chunks(path, seconds: float = 0.5) -> list[bytes]:
+    """The clip as 16 kHz s16le PCM in frames of ``seconds``."""
+    pcm = (np.clip(load_audio(str(path)), -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+    step = int(16000 * seconds) * 2
+    return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+
+def test_websocket_streams_the_live_engines_confirmed_text(url, models):
+    from websockets.sync.client import connect
+
+    frames = _pcm_chunks(ENGLISH[3], seconds=1.0)  # "For a full hour he had paced up and down ...", 5.4 s
+    samples = [np.frombuffer(f, "<i2").astype(np.float32) / 32768 for f in frames]
+    reference = [e for e in whisperane.stream(samples, model=models["tiny.en"]) if e.type == "done"][0]
+    with connect(url.replace("http", "ws") + "/v1/audio/live?model=tiny.en") as ws:
+        for frame in frames:
+            ws.send(frame)
+        ws.send(json.dumps({"type": "end"}))
+        events = [json.loads(m) for m in ws]
+    assert events[-1]["type"] == "done" and {e["type"] for e in events} <= {"hypothesis", "confirmed", "done"}
+    confirmed = "".join(e["text"] for e in events if e["type"] == "confirmed")
+    assert confirmed == events[-1]["text"] == events[-1]["result"]["text"]
+    assert _words(events[-1]["text"]) == _words(reference.text)
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,!?").lower() for w in text.split()]

@@ -71,5 +71,5 @@ def run_serve(args: argparse.Namespace) -> int:
     from .app import create_app
 
     app = create_app(load_models(names), config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets-sansio")
     return 0
