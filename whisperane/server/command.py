@@ -67,7 +67,10 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ray_address:
         from .ray_serve import serve_on_ray
 
-        return serve_on_ray(names, config, args.ray_address, args.replicas, args.host, args.port)
+        try:
+            return serve_on_ray(names, config, args.ray_address, args.replicas, args.host, args.port)
+        except KeyboardInterrupt:  # Ray Serve's blocking run ends on Ctrl-C: a normal stop
+            return 0
     from .app import create_app
 
     app = create_app(load_models(names), config)
