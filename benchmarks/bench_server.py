@@ -106,12 +106,12 @@ def _children(pid: int) -> list[int]:
     return kids + [k for c in kids for k in _children(c)]
 
 
-def whisperane_server(bundle: Path, workers: int) -> ServerProcess:
+def whisperane_server(bundle: Path, workers: int, threads: int = 1) -> ServerProcess:
     port = free_port()
     cmd = [PYTHON, "-m", "whisperane", "serve", "--model", str(bundle), "--port", str(port),
-           "--max-concurrency", str(workers), "--max-queue", "64"]  # fmt: skip
-    return ServerProcess("whisperane", cmd, port, env={"PYTHONPATH": str(REPO)},
-                         extra_body={"word_timestamps": "false"})  # fmt: skip
+           "--max-concurrency", str(workers), "--threads-per-worker", str(threads), "--max-queue", "64"]  # fmt: skip
+    name = "whisperane" if threads == 1 else f"whisperane {workers} worker(s) x {threads} threads"
+    return ServerProcess(name, cmd, port, env={"PYTHONPATH": str(REPO)}, extra_body={"word_timestamps": "false"})
 
 
 def fws_server(venv: Path, checkpoint: Path, threads: int, workdir: Path) -> ServerProcess:
@@ -197,6 +197,7 @@ def main() -> int:
     ap.add_argument("--long-minutes", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="whisperane's decode workers")
     ap.add_argument("--ray", action="store_true", help="also whisperane on Ray Serve, 2 local replicas")
+    ap.add_argument("--one-worker", action="store_true", help="also whisperane with 1 worker of --workers threads")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -211,6 +212,8 @@ def main() -> int:
     checkpoint = resolve_source("tiny.en", progress=False).path
     print(f"load before: {load()}", flush=True)
     servers = [whisperane_server(args.bundle, args.workers), fws_server(args.fws_venv, checkpoint, args.workers, work)]
+    if args.one_worker:
+        servers.append(whisperane_server(args.bundle, 1, args.workers))
     if args.ray:
         servers.append(ray_server(args.bundle))
     figures: dict = {s.name: {"levels": {c: [] for c in levels}, "long": [], "first_delta": []} for s in servers}

@@ -22,6 +22,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--api-key", default=None, help=f"require Authorization: Bearer KEY (default: ${API_KEY_ENV})")
     p.add_argument("--max-concurrency", type=int, default=os.cpu_count() or 1,
                    help="decodes at once (one ONNX Runtime thread each)")  # fmt: skip
+    p.add_argument("--threads-per-worker", type=int, default=1,
+                   help="ONNX Runtime threads of each decode (the models' sessions are shared by the workers)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those (more: 503 + Retry-After)")
     p.add_argument("--max-upload-mb", type=float, default=25.0)
     p.add_argument("--max-audio-minutes", type=float, default=60.0)
@@ -49,8 +51,8 @@ def load_models(names: list[str], threads: int = 1) -> dict:
 def server_config(args: argparse.Namespace):
     from .app import ServerConfig
 
-    if args.max_concurrency < 1 or args.max_queue < 0 or args.max_upload_mb <= 0 or args.max_audio_minutes <= 0:
-        raise WhisperaneError("--max-concurrency must be >= 1, --max-queue >= 0, the size and length limits > 0")
+    if args.max_concurrency < 1 or args.threads_per_worker < 1 or args.max_queue < 0 or args.max_upload_mb <= 0 or args.max_audio_minutes <= 0:
+        raise WhisperaneError("--max-concurrency and --threads-per-worker must be >= 1, --max-queue >= 0, the size and length limits > 0")
     return ServerConfig(api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         max_upload_mb=args.max_upload_mb, max_audio_minutes=args.max_audio_minutes,
                         workers=args.max_concurrency, queue=args.max_queue)  # fmt: skip
@@ -68,11 +70,12 @@ def run_serve(args: argparse.Namespace) -> int:
         from .ray_serve import serve_on_ray
 
         try:
-            return serve_on_ray(names, config, args.ray_address, args.replicas, args.host, args.port)
+            return serve_on_ray(names, config, args.ray_address, args.replicas, args.host, args.port,
+                                args.threads_per_worker)  # fmt: skip
         except KeyboardInterrupt:  # Ray Serve's blocking run ends on Ctrl-C: a normal stop
             return 0
     from .app import create_app
 
-    app = create_app(load_models(names), config)
+    app = create_app(load_models(names, args.threads_per_worker), config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets-sansio")
     return 0

@@ -20,15 +20,15 @@ APP_NAME = "whisperane"
 class WhisperaneReplica:
     """One replica: the models loaded once, the app built on them (Ray Serve's late-bound ingress)."""
 
-    def __init__(self, names: list[str], config: ServerConfig):
-        self.models = load_models(names)
+    def __init__(self, names: list[str], config: ServerConfig, threads: int):
+        self.models = load_models(names, threads)
         self.config = config
 
     def __serve_build_asgi_app__(self):
         return create_app(self.models, self.config)
 
 
-def deployment(names: list[str], config: ServerConfig, replicas: int):
+def deployment(names: list[str], config: ServerConfig, replicas: int, threads: int = 1):
     """The bound Ray Serve application: ``replicas`` copies of the app."""
     from ray import serve
 
@@ -38,11 +38,12 @@ def deployment(names: list[str], config: ServerConfig, replicas: int):
         raise WhisperaneError("two models would have the same id")
     ingress = serve.ingress()(WhisperaneReplica)
     return serve.deployment(ingress, name="WhisperaneServer", num_replicas=replicas,
-                            ray_actor_options={"num_cpus": config.workers},
-                            max_ongoing_requests=config.workers + config.queue).bind(names, config)  # fmt: skip
+                            ray_actor_options={"num_cpus": config.workers * threads},
+                            max_ongoing_requests=config.workers + config.queue).bind(names, config, threads)  # fmt: skip
 
 
-def serve_on_ray(names: list[str], config: ServerConfig, address: str, replicas: int, host: str, port: int) -> int:
+def serve_on_ray(names: list[str], config: ServerConfig, address: str, replicas: int, host: str, port: int,
+                 threads: int = 1) -> int:  # fmt: skip
     """Connect to the cluster at ``address`` ('local': start one here), start Serve's proxy on host:port, run
     the app until interrupted."""
     try:
@@ -54,5 +55,5 @@ def serve_on_ray(names: list[str], config: ServerConfig, address: str, replicas:
         raise WhisperaneError("--replicas must be >= 1")
     ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(deployment(names, config, replicas), name=APP_NAME, route_prefix="/", blocking=True)
+    serve.run(deployment(names, config, replicas, threads), name=APP_NAME, route_prefix="/", blocking=True)
     return 0
