@@ -273,3 +273,19 @@ def test_websocket_streams_the_live_engines_confirmed_text(url, models):
 
 def _words(text: str) -> list[str]:
     return [w.strip(".,!?").lower() for w in text.split()]
+
+
+def test_a_chunked_upload_over_the_limit_is_413_once_past_it(url, spool):
+    """No Content-Length to refuse from: the body is counted as it arrives."""
+    boundary = "b0undary"
+
+    def body():
+        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n").encode()
+        for _ in range(UPLOAD_MB * 4 + 4):  # 256 KB pieces: 1 MB past the limit
+            yield b"\0" * 2**18
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    r = httpx.post(url + "/v1/audio/transcriptions", content=body(), timeout=60,
+                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})  # fmt: skip
+    assert r.status_code == 413 and r.json()["error"]["code"] == "file_too_large"
+    assert settled(url)["admitted"] == 0 and list(spool.iterdir()) == []

@@ -37,9 +37,12 @@ from .openai_api import (
 )
 from .sse import DeltaText, TranscriptStream
 from .workers import Cancelled, DecodePool, QueueFull, Slot
+from .ws import live_session
 
 PAGE_DIR = Path(__file__).parent / "page"
-OPEN_PATHS = ("/health", "/", "/page/")  # the page is static files: it asks for the key and sends it itself
+# Open without the key: /health, and the page's static files (the page asks for the key and sends it itself).
+OPEN_PATHS = ("/health", "/")
+PAGE_PREFIX = "/page/"
 log = logging.getLogger("whisperane.server")
 
 
@@ -179,6 +182,7 @@ async def _cancel_on_disconnect(request: Request, slot: Slot) -> None:
 
 
 def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None = None) -> FastAPI:
+    """The app over ``models`` (id -> loaded model; the first is ``whisper-1``)."""
     server = Server(models, config or ServerConfig())
     app = FastAPI(title="whisperane", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
@@ -186,11 +190,18 @@ def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None =
     @app.middleware("http")
     async def require_key(request: Request, call_next):
         path = request.url.path
-        if not server.authorized(request.headers.get("authorization")) and not (
-                path in OPEN_PATHS or path.startswith("/page/")):  # fmt: skip
+        if not (path in OPEN_PATHS or path.startswith(PAGE_PREFIX) or server.authorized(request.headers.get("authorization"))):
             return error_response(ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
                                            code="invalid_api_key"))  # fmt: skip
         return await call_next(request)
+
+    _add_error_handlers(app)
+    _add_routes(app, server)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape, FastAPI's and Starlette's own (404, 405, validation) included."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -208,6 +219,8 @@ def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None =
     async def internal_error(request: Request, e: Exception):
         return error_response(public_error(e))
 
+
+def _add_routes(app: FastAPI, server: Server) -> None:
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": list(server.models), "admitted": server.pool.admitted,
@@ -233,8 +246,6 @@ def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None =
 
     @app.websocket("/v1/audio/live")
     async def live(websocket: WebSocket):
-        from .ws import live_session
-
         await live_session(websocket, server)
 
     @app.get("/")
@@ -246,8 +257,6 @@ def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None =
         if name not in {p.name for p in PAGE_DIR.iterdir()}:  # never a path from the request
             raise ApiError(404, "not found")
         return FileResponse(PAGE_DIR / name)
-
-    return app
 
 
 def _model_card(model_id: str, server: Server) -> dict:
