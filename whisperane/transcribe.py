@@ -157,7 +157,14 @@ class VoiceCheck:
     """Where Silero VAD hears voice (vad.VOICED) in a stretch of a window, for the seek guard."""
 
     def runs(self, w: Window, start: int, end: int) -> list[tuple[int, int]]:
-        """The voiced runs ``[a, b)`` in ``[start, end)`` of window ``w``, in order (frames from its start)."""
+        """The voiced runs ``[a, b)`` in ``[start, end)`` of window ``w``, in order (frames from its start). The
+        stretch comes from decoded times, which may point anywhere (before the window, past the audio it
+        holds): it is clipped to the window's audio, and an empty stretch has no voice."""
+        start, end = max(0, start), min(end, w.held_frames)
+        return self.voiced_runs(w, start, end) if end > start else []
+
+    def voiced_runs(self, w: Window, start: int, end: int) -> list[tuple[int, int]]:
+        """``runs`` of a stretch inside the window's audio (``0 <= start < end <= w.held_frames``)."""
         raise NotImplementedError
 
     def voice(self, w: Window, start: int, end: int) -> Voice:
@@ -176,7 +183,7 @@ class VoiceOnDemand(VoiceCheck):
     def __init__(self):
         self.unavailable = False
 
-    def runs(self, w, start, end):
+    def voiced_runs(self, w, start, end):
         from .vad import VOICED, default_vad, speech_regions
 
         if self.unavailable:
@@ -199,7 +206,7 @@ class VoiceRegions(VoiceCheck):
     def __init__(self, frames: list[tuple[int, int]]):
         self.frames = frames
 
-    def runs(self, w, start, end):
+    def voiced_runs(self, w, start, end):
         overlaps = [(max(w.seek + start, a) - w.seek, min(w.seek + end, b) - w.seek) for a, b in self.frames]
         return [(a, b) for a, b in overlaps if b > a]
 
@@ -420,6 +427,11 @@ class Window:
     mel: np.ndarray | None = None  # a window read to be encoded with others (Transcription.next_window)
 
     @property
+    def held_frames(self) -> int:
+        """Mel frames of audio the window holds (its last one partial)."""
+        return -(-len(self.samples) // HOP_LENGTH)
+
+    @property
     def is_silence(self) -> bool:
         return self.enc is None and self.mel is None
 
@@ -567,6 +579,9 @@ class Transcription:
                 last_word_end = timing.get_end(segments)
                 if last_word_end is not None and last_word_end > w.time_offset:
                     seek = round(last_word_end * FRAMES_PER_SECOND)
+                    # A segment after the last word lost all its words to the alignment: its audio is decoded
+                    # again from the seek, and kept it would come twice, out of order.
+                    segments = [s for s in segments if s.get("words") or s["start"] < last_word_end]
             if options.hallucination_silence_threshold is not None:
                 seek, segments, skipped = self._skip_hallucinations(w, segments, seek)
                 if skipped:
@@ -584,7 +599,7 @@ class Transcription:
             self.window_end = resume.unheard_end
         segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
         self.resumed.add(resume.frame)
-        self._commit(w, result, segments, resume.frame)
+        self._commit(w, result, segments, resume.frame, resumed=True)
 
     def _resume_point(self, w: Window, segments: list[dict], seek: int) -> Resume | None:
         """The seek guard: where to decode again (without the prompt) when GUARD_MIN_SPEECH_FRAMES of voiced
@@ -603,9 +618,10 @@ class Transcription:
             previous_end = max(previous_end, end)
         return None
 
-    def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int) -> None:
-        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on (a seek
-        guard's resume may decode the same window again, once, without the prompt)."""
+    def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int, resumed: bool = False) -> None:
+        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on: past the
+        window's start, unless the seek guard ``resumed`` there (it decodes a window again once, without the
+        prompt, and never guards that window again)."""
         duration = self.stream.n_samples / SAMPLE_RATE
         last_word_end = timing.get_end(segments) if self.options.word_timestamps else None
         if last_word_end is not None:  # of the kept segments: a resumed window is aligned again after them
@@ -621,7 +637,6 @@ class Transcription:
                 self.all_tokens.extend(s["tokens"])
                 if self.on_segment:
                     self.on_segment(_segment(s, self.options.word_timestamps))
-        resumed = seek in self.resumed
         if not self.options.condition_on_previous_text or result.temperature > 0.5 or resumed:
             self.prompt_reset_since = len(self.all_tokens)  # no prompt after a high temperature
         self.seek = seek if seek > w.seek or resumed else w.seek + max(w.size, 1)  # never stall
@@ -725,7 +740,7 @@ def teacher_forced(model: WhisperaneModel, enc: EncodedWindow, texts: list[list[
 def _add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_offset, num_frames, last_speech) -> None:
     """Word timestamps of a window's segments."""
     text_tokens = [t for s in segments for t in s["tokens"] if t < tokenizer.eot]
-    if not text_tokens:
+    if not text_tokens or num_frames < INPUT_STRIDE:  # under one encoder frame of audio: nothing to align to
         for s in segments:
             s["words"] = []
         return
