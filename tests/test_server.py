@@ -22,7 +22,6 @@ from served import joined_clips, serving  # noqa: E402
 import whisperane  # noqa: E402
 from whisperane.audio import load_audio  # noqa: E402
 from whisperane.cli import main as cli_main  # noqa: E402
-from whisperane.loading import load_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data"
@@ -35,7 +34,7 @@ NO_WORDS = {"word_timestamps": "false"}  # whisperane's own form field: where wo
 
 @pytest.fixture(scope="module")
 def models(tiny_en_bundle, base_bundle):
-    return {"tiny.en": load_model(tiny_en_bundle, threads=1), "base": load_model(base_bundle, threads=1)}
+    return {"tiny.en": whisperane.load_model(tiny_en_bundle, threads=1), "base": whisperane.load_model(base_bundle, threads=1)}
 
 
 @pytest.fixture(scope="module")

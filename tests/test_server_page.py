@@ -12,7 +12,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 from served import joined_clips, serving  # noqa: E402
 
-from whisperane.loading import load_model  # noqa: E402
+from whisperane import load_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 JFK = Path(__file__).parent / "data" / "jfk.flac"

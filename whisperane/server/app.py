@@ -22,9 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .. import TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
+from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
 from ..audio import open_audio
-from ..errors import OptionsError
 from .openai_api import (
     ApiError,
     RequestOptions,

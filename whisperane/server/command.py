@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ..errors import WhisperaneError
+from .. import WhisperaneError
 
 DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise: the server is reachable from this machine only
 API_KEY_ENV = "WHISPERANE_API_KEY"
@@ -37,7 +37,7 @@ def model_id(name: str) -> str:
 
 
 def load_models(names: list[str], threads: int = 1) -> dict:
-    from ..loading import load_model
+    from .. import load_model
 
     models = {}
     for name in names:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from ..errors import OptionsError
+from .. import OptionsError
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import WhisperaneError
+from .. import WhisperaneError
 from .app import ServerConfig, create_app
 from .command import load_models, model_id
 

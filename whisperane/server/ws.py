@@ -18,7 +18,7 @@ import json
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..errors import OptionsError
+from .. import WhisperaneError
 from .openai_api import ApiError
 from .workers import Slot
 
@@ -133,7 +133,7 @@ async def _run_stream(websocket: WebSocket, slot: Slot, model, options: dict) ->
                 break
         await _send_events(websocket, await slot.run(lambda job: transcriber.finish()))
         await websocket.close()
-    except (OptionsError, TypeError) as e:
+    except (WhisperaneError, TypeError) as e:  # a bad option (OptionsError), a stream the engine refused
         await websocket.send_text(json.dumps({"type": "error", **ApiError(400, str(e)).body()}))
         await websocket.close(code=WS_POLICY_VIOLATION)
     except (WebSocketDisconnect, RuntimeError):  # the client went away: nothing more to send
