@@ -18,10 +18,11 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", action="append", default=None,
-                   help="model name or bundle directory, loaded at start; repeat for several (whisper-1: the first)")  # fmt: skip
-    p.add_argument("--api-key", default=None, help=f"require Authorization: Bearer KEY (default: ${API_KEY_ENV})")
+                   help="model name or bundle directory, loaded at start; repeat for several (whisper-1: the first; "
+                        "tiny.en when none is named)")  # fmt: skip
+    p.add_argument("--api-key", default=None, help=f"require Authorization: Bearer KEY (else ${API_KEY_ENV} when set)")
     p.add_argument("--max-concurrency", type=int, default=os.cpu_count() or 1,
-                   help="decodes at once (one ONNX Runtime thread each)")  # fmt: skip
+                   help="decodes at once; one per core by default")  # fmt: skip
     p.add_argument("--threads-per-worker", type=int, default=1,
                    help="ONNX Runtime threads of each decode (the models' sessions are shared by the workers)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those (more: 503 + Retry-After)")
