@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -235,6 +236,7 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(f"load after: {load()}")
     report(figures, levels, long_file.duration, args)
     if args.json:
