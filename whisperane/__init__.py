@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 # not the module of the same name.
 from .decoding import DecodingResult  # noqa: E402
 from .errors import AudioError, ModelError, OptionsError, OutputError, WhisperaneError  # noqa: E402
+from .live import LiveTranscriber, StreamEvent, stream  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .options import DecodingOptions, TranscribeOptions  # noqa: E402
 from .result import Segment, TranscriptionResult, Word  # noqa: E402
@@ -15,7 +16,7 @@ from .runtime.model import WhisperaneModel  # noqa: E402
 from .transcribe import transcribe  # noqa: E402
 
 __all__ = [
-    "AudioError", "DecodingOptions", "DecodingResult", "ModelError", "OptionsError", "OutputError", "Segment",
-    "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "WhisperaneModel", "Word", "__version__",
-    "load_model", "transcribe",
+    "AudioError", "DecodingOptions", "DecodingResult", "LiveTranscriber", "ModelError", "OptionsError", "OutputError",
+    "Segment", "StreamEvent", "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "WhisperaneModel", "Word",
+    "__version__", "load_model", "stream", "transcribe",
 ]

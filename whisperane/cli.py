@@ -1,4 +1,4 @@
-"""Command line: ``whisperane transcribe`` and ``whisperane convert``.
+"""Command line: ``whisperane transcribe``, ``convert``, ``batch`` and ``stream`` (whisperane/live/cli.py).
 
 Every failure prints one line ``whisperane: error: <file>: <cause>`` and the exit status is non-zero (1; 2 for
 usage errors; 130 when interrupted by Ctrl-C or SIGTERM). A batch goes on past a bad file and lists the
@@ -56,6 +56,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-type", default="default", choices=COMPUTE_TYPES,
                    help="int8 or float32 encoder and decoder (default: int8 on the CPU when the bundle has it)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for the executor (0: all cores)")
+
+
+def load_model_from_args(args: argparse.Namespace):
+    """The model that ``add_model_arguments``' flags name."""
+    from . import loading
+
+    return loading.load_model(args.model, executor=args.executor, threads=args.threads or None,
+                              compute_units=args.compute_units, compute_type=args.compute_type)
 
 
 @dataclass(frozen=True)
@@ -168,12 +176,8 @@ class _FileRunner:
         self.writer_options = {k: getattr(args, k) for k in SUBTITLE_OPTIONS}
 
     def _load(self):
-        from . import loading
-
-        a = self.args
         try:
-            return loading.load_model(a.model, executor=a.executor, threads=a.threads or None,
-                                      compute_units=a.compute_units, compute_type=a.compute_type)
+            return load_model_from_args(self.args)
         except WhisperaneError as e:
             raise ModelUnavailable(str(e)) from None
 
@@ -252,6 +256,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from .convert.cli import add_convert_parser
 
     add_convert_parser(sub)
+    from .live.cli import add_stream_parser
+
+    add_stream_parser(sub, add_model_arguments)
+    from .server.command import add_serve_parser
+
+    add_serve_parser(sub)
     if argv and argv[0] == "batch":  # its module imports pyarrow (seconds): only when the command is batch
         from .ray_batch.command import add_batch_parser
 
@@ -306,10 +316,18 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if args.command == "transcribe":
                     return run_transcribe(args)
+                if args.command == "stream":
+                    from .live.cli import run_stream
+
+                    return run_stream(args, load_model_from_args)
                 if args.command == "batch":
                     from .ray_batch.command import run_batch
 
                     return run_batch(args)
+                if args.command == "serve":
+                    from .server.command import run_serve
+
+                    return run_serve(args)
                 from .convert.cli import run_convert
 
                 return run_convert(args)

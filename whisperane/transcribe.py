@@ -26,13 +26,16 @@ def transcribe(
     task: str = "transcribe",
     word_timestamps: bool = True,
     progress: Callable[[float, float], None] | None = None,
+    on_segment: Callable[[Segment], None] | None = None,
     **kwargs,
 ) -> TranscriptionResult:
     """Transcribe a file path, a 16 kHz mono float array or an open AudioStream.
 
     ``kwargs`` are the fields of :class:`TranscribeOptions` (an unknown name is a TypeError; an invalid value
     an OptionsError). A model name or path is loaded once and reused by later calls. ``progress(seconds_done,
-    duration)`` is called after each window.
+    duration)`` is called after each window; ``on_segment(segment)`` with each segment as its window is kept, in
+    order (text final; times on the audio the loop reads: the speech alone under vad_filter; batched mode calls
+    it for all segments at the end).
     """
     unknown = set(kwargs) - {f.name for f in fields(TranscribeOptions)}
     if unknown:
@@ -48,11 +51,14 @@ def transcribe(
 
         if isinstance(audio, AudioStream):
             raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
-        return transcribe_batched(model, lambda: open_audio(audio), options, progress)
+        result = transcribe_batched(model, lambda: open_audio(audio), options, progress)
+        for segment in result.segments if on_segment else ():
+            on_segment(segment)
+        return result
     if options.vad_filter:
         from .longform.speech import transcribe_speech
 
-        return transcribe_speech(model, audio, options, progress)
+        return transcribe_speech(model, audio, options, progress, on_segment)
     voice = VoiceOnDemand() if options.speech_guard else None
     peak = None
     if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
@@ -60,7 +66,7 @@ def transcribe(
             peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return SeekLoop(model, stream, options, progress, voice, peak).run()
+        return SeekLoop(model, stream, options, progress, voice, peak, on_segment).run()
     finally:
         if stream is not audio:
             stream.close()

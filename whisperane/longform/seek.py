@@ -19,7 +19,7 @@ from ..audio import (
 from ..decoding import DecodingResult, decode, detect_language
 from ..errors import WhisperaneError
 from ..options import TranscribeOptions
-from ..result import TranscriptionResult, result_from_segments
+from ..result import Segment, TranscriptionResult, result_from_segments, segment_from_dict
 from ..runtime.decoder import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
@@ -57,7 +57,7 @@ class SeekLoop:
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
                  progress: Callable[[float, float], None] | None, voice: VoiceCheck | None = None,
-                 file_peak: float | None = None):
+                 file_peak: float | None = None, on_segment: Callable[[Segment], None] | None = None):
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
         self.model, self.stream, self.options, self.progress = model, stream, options, progress
@@ -77,14 +77,16 @@ class SeekLoop:
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
         self.window_end: int | None = None  # where the guard ends the next window (the unheard stretch alone)
         self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
+        self.on_segment = on_segment  # called with each kept segment (transcribe's hook for streamed results)
 
     @classmethod
     def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
-                    progress: Callable[[float, float], None] | None, voiced: Sequence | None = None) -> SeekLoop:
+                    progress: Callable[[float, float], None] | None, voiced: Sequence | None = None,
+                    on_segment: Callable[[Segment], None] | None = None) -> SeekLoop:
         """The loop over a VAD's speech alone (vad_filter, a lane of batched mode), the seek guard asking the
         voiced regions of the same VAD pass (``voiced``: VoiceRegions.of_speech)."""
         guard = VoiceRegions.of_speech(stream, voiced) if options.speech_guard else None
-        return cls(model, stream, options, progress, guard)
+        return cls(model, stream, options, progress, guard, on_segment=on_segment)
 
     def run(self) -> TranscriptionResult:
         self.run_windows()
@@ -224,6 +226,8 @@ class SeekLoop:
                 s["id"] = len(self.all_segments)
                 self.all_segments.append(s)
                 self.all_tokens.extend(s["tokens"])
+                if self.on_segment:
+                    self.on_segment(segment_from_dict(s, self.options.word_timestamps))
         if not self.options.condition_on_previous_text or result.temperature > 0.5 or resumed:
             self.prompt_reset_since = len(self.all_tokens)  # no prompt after a high temperature
         self.seek = seek if seek > w.seek or resumed else w.seek + max(w.size, 1)  # never stall

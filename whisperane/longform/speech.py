@@ -18,7 +18,8 @@ def vad_options(options: TranscribeOptions, batched: bool) -> VadOptions:
     return VadOptions(**values)
 
 
-def transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress) -> TranscriptionResult:
+def transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress,
+                      on_segment=None) -> TranscriptionResult:
     """vad_filter: the seek loop over the speech alone (with the seek guard), its times put back on the
     original audio."""
     vad = vad_options(options, batched=False)
@@ -26,7 +27,7 @@ def transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions,
         duration = stream.original_duration
         if stream.n_samples == 0:
             return empty_result(model, options, duration)
-        loop = SeekLoop.over_speech(model, stream, options, progress)
+        loop = SeekLoop.over_speech(model, stream, options, progress, on_segment=on_segment)
         loop.run_windows()
         restore_timestamps(loop.all_segments, stream.time_map, stream.probabilities >= vad.threshold)
         return result_from_segments(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)

@@ -1,0 +1,290 @@
+"""whisperane serve through the official openai client against a server on a free loopback port (real tiny.en
+and base, real speech): every response format equals `whisperane transcribe`'s output, streams, errors in
+OpenAI's shape, disconnects, concurrency."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from served import joined_clips, serving  # noqa: E402
+
+import whisperane  # noqa: E402
+from whisperane.audio import load_audio  # noqa: E402
+from whisperane.cli import main as cli_main  # noqa: E402
+
+pytestmark = pytest.mark.slow
+DATA = Path(__file__).parent / "data"
+JFK = DATA / "jfk.flac"
+ENGLISH = [DATA / n for n in ("jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "1089-134691-0001.flac",
+                              "LJ001-0002.flac", "LJ001-0008.flac")]
+UPLOAD_MB = 4
+NO_WORDS = {"word_timestamps": "false"}  # whisperane's own form field: where words are not what is tested
+
+
+@pytest.fixture(scope="module")
+def models(tiny_en_bundle, base_bundle):
+    return {"tiny.en": whisperane.load_model(tiny_en_bundle, threads=1), "base": whisperane.load_model(base_bundle, threads=1)}
+
+
+@pytest.fixture(scope="module")
+def spool(tmp_path_factory):
+    return tmp_path_factory.mktemp("spool")
+
+
+@pytest.fixture(scope="module")
+def url(models, spool):
+    with serving(models, workers=2, queue=16, max_upload_mb=UPLOAD_MB, max_audio_minutes=1, spool_dir=str(spool)) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def cli_outputs(tiny_en_bundle, tmp_path_factory):
+    """`whisperane transcribe -f all` of the JFK clip with the same bundle and one thread (the reference)."""
+    out = tmp_path_factory.mktemp("cli")
+    assert cli_main(["transcribe", str(JFK), "-f", "all", "-o", str(out), "--model", str(tiny_en_bundle),
+                     "--threads", "1"]) == 0
+    return {ext: (out / f"jfk.{ext}").read_text(encoding="utf-8") for ext in ("json", "srt", "vtt")}
+
+
+@pytest.fixture(scope="module")
+def long_file(tmp_path_factory):
+    """45.7 s of speech (two windows): three JFK clips with LibriSpeech clips between them."""
+    path = tmp_path_factory.mktemp("long") / "long.wav"
+    joined_clips([JFK, ENGLISH[3], JFK, ENGLISH[1], JFK], path)
+    return path
+
+
+def healthy(url: str) -> dict:
+    r = httpx.get(url + "/health")
+    assert r.status_code == 200
+    return r.json()
+
+
+def settled(url: str) -> dict:
+    """/health once no request is admitted any more (a guard against a hang, not a timing)."""
+    deadline = time.monotonic() + 60
+    while (health := healthy(url))["admitted"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return health
+
+
+def test_each_response_format_equals_the_cli(client, cli_outputs, spool):
+    cli = json.loads(cli_outputs["json"])
+    text = client.audio.transcriptions.create(model="whisper-1", file=JFK.open("rb"), response_format="text")
+    assert text == cli["text"]
+    assert client.audio.transcriptions.create(model="tiny.en", file=JFK.open("rb")).text == cli["text"]
+    assert client.audio.transcriptions.create(model="whisper-1", file=JFK.open("rb"), response_format="srt") == cli_outputs["srt"]
+    assert client.audio.transcriptions.create(model="whisper-1", file=JFK.open("rb"), response_format="vtt") == cli_outputs["vtt"]
+    verbose = client.audio.transcriptions.create(model="whisper-1", file=JFK.open("rb"), response_format="verbose_json",
+                                                 timestamp_granularities=["word", "segment"])
+    assert verbose.text == cli["text"] and verbose.language == "english" and verbose.duration == cli["duration"]
+    assert [s.text for s in verbose.segments] == [s["text"] for s in cli["segments"]]
+    assert [w.word for w in verbose.words] == [w["word"] for s in cli["segments"] for w in s["words"]]
+    starts = [s.start for s in verbose.segments]
+    assert starts == sorted(starts) and all(0 <= s.start <= s.end <= verbose.duration for s in verbose.segments)
+    times = [t for w in verbose.words for t in (w.start, w.end)]
+    assert times == sorted(times) and 0 <= times[0] and times[-1] <= verbose.duration
+    assert list(spool.iterdir()) == []  # every upload removed
+
+
+def test_translation_on_the_multilingual_model(client, models):
+    de = DATA / "test_de.wav"  # "Der hinter diesem Portal liegenden Raum wurde als Leichenhalle genutzt."
+    english = client.audio.translations.create(model="base", file=de.open("rb"), extra_body=NO_WORDS)
+    assert english.text == models["base"].transcribe(str(de), task="translate", word_timestamps=False).text
+    words = set(_words(english.text))
+    assert english.text.isascii() and {"the", "used"} <= words and not {"der", "wurde", "diesem", "als"} & words
+
+
+def test_stream_deltas_concatenate_to_the_done_text(client, long_file, models):
+    events = list(client.audio.transcriptions.create(model="whisper-1", file=long_file.open("rb"), stream=True,
+                                                     extra_body=NO_WORDS))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert [e.type for e in events[len(deltas):]] == ["transcript.text.done"]
+    assert len(deltas) >= 2  # one per kept segment, from both windows
+    assert "".join(deltas) == events[-1].text == models["tiny.en"].transcribe(str(long_file), word_timestamps=False).text
+
+
+def test_models_list(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["tiny.en", "base"]
+    assert client.models.retrieve("whisper-1").id == "whisper-1"
+
+
+def _form(**fields):
+    return {k: (None, v) for k, v in fields.items()}
+
+
+BAD_REQUESTS = {
+    "unknown response_format": (400, "response_format", lambda: {"files": {"file": JFK.open("rb"), **_form(model="whisper-1", response_format="docx")}}),
+    "missing file": (400, "file", lambda: {"files": _form(model="whisper-1")}),
+    "not audio": (400, "file", lambda: {"files": {"file": ("clip.wav", b"RIFF but not a wave at all" * 10), **_form(model="whisper-1")}}),
+    "unknown option": (400, "speed", lambda: {"files": {"file": JFK.open("rb"), **_form(model="whisper-1", speed="2")}}),
+    "bad option value": (400, "beam_size", lambda: {"files": {"file": JFK.open("rb"), **_form(beam_size="many")}}),
+    "invalid language": (400, None, lambda: {"files": {"file": JFK.open("rb"), **_form(language="klingon")}}),
+    "unknown model": (404, "model", lambda: {"files": {"file": JFK.open("rb"), **_form(model="/etc/passwd")}}),
+    "not multipart": (400, "file", lambda: {"json": {"model": "whisper-1"}}),
+    "over the upload limit": (413, "file", lambda: {"files": {"file": ("big.wav", b"\0" * (UPLOAD_MB + 1) * 2**20)}}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_are_4xx_in_openai_shape(url, case, spool):
+    status, param, request = BAD_REQUESTS[case]
+    r = httpx.post(url + "/v1/audio/transcriptions", timeout=60, **request())
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert str(spool) not in error["message"] and "/tmp" not in error["message"] and "Traceback" not in error["message"]
+    assert healthy(url)["admitted"] == 0
+    assert list(spool.iterdir()) == []
+
+
+def test_audio_over_the_length_limit(url, tmp_path):
+    path = tmp_path / "long.wav"
+    joined_clips([JFK] * 6, path)  # 70 s, over the server's 1 minute
+    r = httpx.post(url + "/v1/audio/transcriptions", files={"file": path.open("rb")}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "audio_too_long"
+
+
+def test_unknown_route_and_method_in_openai_shape(url):
+    assert httpx.get(url + "/v1/nothing").json()["error"]["message"]
+    r = httpx.get(url + "/v1/audio/transcriptions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_a_client_gone_mid_upload_leaves_nothing(url, spool):
+    boundary = "b0undary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+            "Content-Type: audio/wav\r\n\r\n").encode()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+                  f"boundary={boundary}\r\nContent-Length: {3 * 2**20}\r\n\r\n".encode() + head + b"\0" * 2**20)
+        deadline = time.monotonic() + 60
+        while not list(spool.iterdir()) and time.monotonic() < deadline:  # the server has begun spooling the file
+            time.sleep(0.01)
+        assert list(spool.iterdir())
+    assert settled(url)["admitted"] == 0
+    assert list(spool.iterdir()) == []
+
+
+def test_a_client_gone_mid_stream_cancels_its_decode(url, long_file):
+    before = healthy(url)["cancelled"]
+    with httpx.stream("POST", url + "/v1/audio/transcriptions", timeout=120,
+                      files={"file": long_file.open("rb"), "stream": (None, "true")}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                assert json.loads(line[5:])["type"] == "transcript.text.delta"
+                break  # leaves after the first delta: the second window's decode is cancelled
+    assert settled(url)["cancelled"] == before + 1
+
+
+def test_16_requests_from_8_clients_get_the_sequential_texts(client, models):
+    short = [ENGLISH[i] for i in (1, 2, 4, 5)]  # 1.8 to 3.3 s each
+    expected = {p: models["tiny.en"].transcribe(str(p), word_timestamps=False).text for p in short}
+    clips = [short[i % len(short)] for i in range(16)]
+
+    def ask(path):
+        return client.audio.transcriptions.create(model="whisper-1", file=path.open("rb"), response_format="text",
+                                                  extra_body=NO_WORDS)
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(ask, clips))
+    assert texts == [expected[p] for p in clips]
+
+
+def test_full_queue_is_503_with_retry_after_and_the_key_is_required(models, long_file):
+    with serving(models, workers=1, queue=0, api_key="s3cret") as url:
+        assert httpx.get(url + "/health").status_code == 200  # open without the key
+        for path in ("/v1/models", "/v1/audio/transcriptions"):
+            r = httpx.post(url + path) if "audio" in path else httpx.get(url + path)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        from websockets.exceptions import InvalidStatus
+        from websockets.sync.client import connect
+
+        live = url.replace("http", "ws") + "/v1/audio/live"
+        with pytest.raises(InvalidStatus):
+            connect(live)
+        with connect(live, subprotocols=["whisperane", "bearer.s3cret"]) as ws:  # how the page sends the key
+            ws.send(json.dumps({"type": "end"}))
+            assert [json.loads(m)["type"] for m in ws] == ["done"]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        busy = client.audio.transcriptions.with_streaming_response.create(model="whisper-1", file=long_file.open("rb"),
+                                                                         stream=True)
+        with busy:  # headers received: its decode holds the only worker
+            r = httpx.post(url + "/v1/audio/transcriptions", headers={"Authorization": "Bearer s3cret"},
+                           files={"file": JFK.open("rb")})
+            assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+            assert r.json()["error"]["code"] == "server_busy"
+        assert settled(url)["admitted"] == 0  # the stream left: its decode was cancelled
+        assert client.audio.transcriptions.create(model="whisper-1", file=JFK.open("rb")).text.strip()
+
+
+def test_serve_binds_loopback_by_default():
+    from whisperane.cli import build_parser
+
+    args = build_parser(["serve"]).parse_args(["serve"])
+    assert args.host == "127.0.0.1" and args.max_upload_mb == 25 and args.api_key is None
+
+
+def _pcm_chunks(path, seconds: float = 0.5) -> list[bytes]:
+    """The clip as 16 kHz s16le PCM in frames of ``seconds``."""
+    pcm = (np.clip(load_audio(str(path)), -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+    step = int(16000 * seconds) * 2
+    return [pcm[i : i + step] for i in range(0, len(pcm), step)]
+
+
+def test_websocket_streams_the_live_engines_confirmed_text(url, models):
+    from websockets.sync.client import connect
+
+    frames = _pcm_chunks(ENGLISH[3], seconds=1.0)  # "For a full hour he had paced up and down ...", 5.4 s
+    samples = [np.frombuffer(f, "<i2").astype(np.float32) / 32768 for f in frames]
+    reference = [e for e in whisperane.stream(samples, model=models["tiny.en"]) if e.type == "done"][0]
+    with connect(url.replace("http", "ws") + "/v1/audio/live?model=tiny.en") as ws:
+        for frame in frames:
+            ws.send(frame)
+        ws.send(json.dumps({"type": "end"}))
+        events = [json.loads(m) for m in ws]
+    assert events[-1]["type"] == "done" and {e["type"] for e in events} <= {"hypothesis", "confirmed", "done"}
+    confirmed = "".join(e["text"] for e in events if e["type"] == "confirmed")
+    assert confirmed == events[-1]["text"] == events[-1]["result"]["text"]
+    assert _words(events[-1]["text"]) == _words(reference.text)
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,!?").lower() for w in text.split()]
+
+
+def test_a_chunked_upload_over_the_limit_is_413_once_past_it(url, spool):
+    """No Content-Length to refuse from: the body is counted as it arrives."""
+    boundary = "b0undary"
+
+    def body():
+        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n").encode()
+        for _ in range(UPLOAD_MB * 4 + 4):  # 256 KB pieces: 1 MB past the limit
+            yield b"\0" * 2**18
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    r = httpx.post(url + "/v1/audio/transcriptions", content=body(), timeout=60,
+                   headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "file_too_large"
+    assert settled(url)["admitted"] == 0 and list(spool.iterdir()) == []

@@ -1,0 +1,229 @@
+"""The live engine: an audio buffer decoded again on each update, LocalAgreement-2 over the decodings, the
+buffer trimmed behind confirmed sentences and closed at pauses (Silero VAD), events on the stream's timeline.
+
+All state belongs to one ``LiveTranscriber``: one loaded model serves several streams at once (threads).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..decoding import detect_language
+from ..errors import OptionsError
+from ..options import TranscribeOptions
+from ..result import TranscriptionResult, Word
+from ..runtime.model import WhisperaneModel
+from .events import StreamEvent, ends_sentence, result_of, words_text
+from .policy import agreed_prefix, unconfirmed_part
+from .voice import VoiceTrack
+from .window import decode_buffer
+
+# Characters of confirmed text before the buffer that prompt each decoding (whisper_streaming's 200).
+PROMPT_CHARS = 200
+# Audio kept before the voice when silence is dropped from the buffer: the VAD hears an onset late.
+LEAD_IN_S = 0.5
+# A pause this long empties the buffer (but for LEAD_IN_S).
+LONG_PAUSE_S = 2.0
+# A decoded word that starts this long after the pause began is noise the decoder put into the silence.
+PAUSE_TOLERANCE_S = 0.3
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """How a stream updates (beside the TranscribeOptions of each decoding)."""
+
+    min_chunk: float = 0.5  # seconds of new audio that start an update
+    pause: float = 0.5  # seconds of silence (VAD) that close an utterance: its tail is confirmed there
+    trim_after: float = 10.0  # once the buffer is longer, it is cut at the end of a confirmed sentence or segment
+    max_buffer: float = 20.0  # once longer, cut at the last confirmed word (the window is 30 s)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise OptionsError(f"{f.name} must be a number > 0, not {value!r}")
+        if not self.trim_after <= self.max_buffer <= 28.0:
+            raise OptionsError("trim_after <= max_buffer <= 28 s must hold (a decoding sees at most 30 s)")
+
+
+def split_options(options: dict) -> tuple[LiveOptions, TranscribeOptions]:
+    """Keyword options -> (LiveOptions, TranscribeOptions); an unknown name is a TypeError."""
+    live_names = {f.name for f in fields(LiveOptions)}
+    known = live_names | {f.name for f in fields(TranscribeOptions)}
+    unknown = set(options) - known
+    if unknown:
+        raise TypeError(f"unknown stream option(s): {', '.join(sorted(unknown))}")
+    live = LiveOptions(**{k: v for k, v in options.items() if k in live_names})
+    decoding = TranscribeOptions(**{k: v for k, v in options.items() if k not in live_names})
+    if decoding.batch_size is not None or decoding.vad_filter or decoding.clip_timestamps != (0.0,):
+        raise OptionsError("a stream decodes its own buffer: batch_size, vad_filter and clip_timestamps do not apply")
+    if not decoding.word_timestamps:
+        raise OptionsError("a stream confirms words by their times: word_timestamps must stay on")
+    return live, decoding
+
+
+class LiveTranscriber:
+    """One live stream: ``feed()`` audio as it arrives, ``finish()`` at its end (see whisperane/live/__init__)."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, model: WhisperaneModel, clock: Callable[[], float] | None = None, **options):
+        self.live, self.options = split_options(options)
+        if not model.is_multilingual and self.options.task == "translate":
+            raise OptionsError("English-only models cannot translate; use a multilingual model")
+        self.model = model
+        self.options = replace(self.options, initial_prompt=None, speech_guard=False)
+        self._initial_prompt = (options.get("initial_prompt") or "").strip()
+        self._tokenizer = model.tokenizer(self.options.language, self.options.task) if self.options.language or not model.is_multilingual else None
+        start = time.monotonic()
+        self._clock = clock or (lambda: time.monotonic() - start)
+        self._voice = VoiceTrack()
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._buffer_start = 0  # the buffer's first sample on the stream's timeline
+        self._received = 0
+        self._decoded_until = 0  # samples the last update saw
+        self._confirmed: list[Word] = []
+        self._hypothesis: list[Word] = []  # the last decoding's words past the confirmed text
+        self._segment_ends: set[float] = set()  # end times of confirmed words that ended a decoded segment
+        self._done = False
+
+    @property
+    def audio_time(self) -> float:
+        return self._received / SAMPLE_RATE
+
+    @property
+    def confirmed_words(self) -> tuple[Word, ...]:
+        return tuple(self._confirmed)
+
+    def feed(self, samples: np.ndarray) -> list[StreamEvent]:
+        """Append float32 mono 16 kHz samples; run one update when min_chunk of new audio has arrived."""
+        if self._done:
+            raise OptionsError("the stream has finished: feed() after finish()")
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        self._buffer = np.concatenate([self._buffer, samples])
+        self._received += len(samples)
+        self._voice.push(samples)
+        if self._received - self._decoded_until < self.live.min_chunk * SAMPLE_RATE:
+            return []
+        return self._update()
+
+    def finish(self) -> list[StreamEvent]:
+        """End of input: a last update over what is left, its whole hypothesis confirmed, then "done"."""
+        events = self._update() if self._received > self._decoded_until and not self._done else []
+        events += self._confirm(len(self._hypothesis))
+        return events + self.stop()
+
+    def stop(self) -> list[StreamEvent]:
+        """Stop at once (an interrupted stream): "done" with what was confirmed, nothing decoded again."""
+        if self._done:
+            return []
+        self._done = True
+        events = [self._event("hypothesis", [])] if self._hypothesis else []
+        self._hypothesis = []
+        return events + [self._event("done", self._confirmed, self.result())]
+
+    def result(self) -> TranscriptionResult:
+        """The confirmed words as ``transcribe()``'s result."""
+        return result_of(self._confirmed, self._language_tokenizer(), self.audio_time)
+
+    # --- one update -----------------------------------------------------------------------------------
+
+    def _update(self) -> list[StreamEvent]:
+        self._decoded_until = self._received
+        previous = list(self._hypothesis)
+        events: list[StreamEvent] = []
+        if self._has_voice():
+            decoding = decode_buffer(self.model, self._buffer, self.options, self._language_tokenizer(), self._prompt())
+            offset = self._buffer_start / SAMPLE_RATE
+            words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability) for w in decoding.words]
+            ends = {words[i].end for i in decoding.segment_ends}
+            current = unconfirmed_part(words, self._confirmed)
+            self._hypothesis = current
+            events += self._confirm(agreed_prefix(previous, current), ends)
+        events += self._close_at_pause()
+        self._trim()
+        if self._hypothesis != previous or events:
+            events.append(self._event("hypothesis", self._hypothesis))
+        return events
+
+    def _has_voice(self) -> bool:
+        """Whether the buffer holds voice past the confirmed text. After a long pause without any, the
+        buffer keeps only a lead-in: the next utterance is decoded after the prompt, not after the silence."""
+        since = self._buffer_start
+        if self._confirmed:
+            since = max(since, round(self._confirmed[-1].end * SAMPLE_RATE))
+        if self._voice.has_voice(since) or self._hypothesis:
+            return True
+        if self._voice.pause_seconds() >= LONG_PAUSE_S:
+            self._cut(max(since, self._received - round(LEAD_IN_S * SAMPLE_RATE)))
+        return False
+
+    def _confirm(self, n: int, segment_ends: set[float] | None = None) -> list[StreamEvent]:
+        if n == 0:
+            return []
+        new, self._hypothesis = self._hypothesis[:n], self._hypothesis[n:]
+        self._confirmed.extend(new)
+        self._segment_ends.update(w.end for w in new if segment_ends and w.end in segment_ends)
+        return [self._event("confirmed", new)]
+
+    def _close_at_pause(self) -> list[StreamEvent]:
+        """At a pause of ``live.pause`` after the voice, the utterance's hypothesis is confirmed (its words up
+        to the pause; later ones are the decoder's inventions in the silence) without waiting for agreement."""
+        pause_start = self._voice.pause_start()
+        if not self._hypothesis or pause_start is None or self._voice.pause_seconds() < self.live.pause:
+            return []
+        limit = pause_start / SAMPLE_RATE + PAUSE_TOLERANCE_S
+        keep = 0
+        while keep < len(self._hypothesis) and self._hypothesis[keep].start < limit:
+            keep += 1
+        self._hypothesis = self._hypothesis[:keep]
+        return self._confirm(keep)
+
+    def _trim(self) -> None:
+        """Keep the buffer short: cut at the end of the last confirmed sentence or segment once it is longer
+        than trim_after, at the last confirmed word once longer than max_buffer."""
+        length = (self._received - self._buffer_start) / SAMPLE_RATE
+        if length <= self.live.trim_after or not self._confirmed:
+            return
+        inside = [w for w in self._confirmed if w.end * SAMPLE_RATE > self._buffer_start]
+        cuts = [w.end for w in inside if ends_sentence(w) or w.end in self._segment_ends]
+        if not cuts and length > self.live.max_buffer and inside:
+            cuts = [inside[-1].end]
+        if cuts:
+            self._cut(round(cuts[-1] * SAMPLE_RATE))
+
+    def _cut(self, sample: int) -> None:
+        """Drop the buffer's audio before ``sample`` (on the stream's timeline)."""
+        sample = min(max(sample, self._buffer_start), self._received)
+        self._buffer = self._buffer[sample - self._buffer_start :].copy()
+        self._buffer_start = sample
+
+    # --- context ----------------------------------------------------------------------------------------
+
+    def _prompt(self) -> str:
+        """The confirmed text before the buffer (after the initial prompt), its last PROMPT_CHARS characters."""
+        if not self.options.condition_on_previous_text:
+            return self._initial_prompt
+        start = self._buffer_start / SAMPLE_RATE
+        before = words_text([w for w in self._confirmed if w.end <= start])
+        text = (self._initial_prompt + " " + before.strip()).strip()
+        return text[-PROMPT_CHARS:].lstrip()
+
+    def _language_tokenizer(self):
+        """The stream's tokenizer; a multilingual model without a language detects it once, on the buffer."""
+        if self._tokenizer is None:
+            if not self._buffer.size:
+                return self.model.tokenizer("en", self.options.task)
+            enc = self.model.encode(self.model.log_mel(self._buffer))
+            language, _ = detect_language(self.model, enc, self.model.tokenizer())
+            self._tokenizer = self.model.tokenizer(language, self.options.task)
+        return self._tokenizer
+
+    def _event(self, kind: str, words, result: TranscriptionResult | None = None) -> StreamEvent:
+        text = words_text(words)
+        return StreamEvent(kind, text, tuple(words), self.audio_time, self._clock(), result)

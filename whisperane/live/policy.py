@@ -1,0 +1,42 @@
+"""LocalAgreement-2 over word hypotheses (whisper_streaming's policy): a word is confirmed once two
+consecutive decodings of the buffer agree on it and on every word before it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..result import Word
+
+# A re-decoded word that starts this long before the end of the last confirmed word is one already confirmed.
+CONFIRMED_OVERLAP_S = 0.1
+# The longest run of words that a new decoding may repeat from the end of the confirmed text.
+MAX_REPEATED_WORDS = 5
+
+
+def same_word(a: Word, b: Word) -> bool:
+    return a.word.strip() == b.word.strip()
+
+
+def agreed_prefix(previous: Sequence[Word], current: Sequence[Word]) -> int:
+    """How many leading words two consecutive hypotheses share."""
+    n = 0
+    for a, b in zip(previous, current, strict=False):
+        if not same_word(a, b):
+            break
+        n += 1
+    return n
+
+
+def unconfirmed_part(words: Sequence[Word], confirmed: Sequence[Word]) -> list[Word]:
+    """The words of a decoding that lie past the confirmed text: those starting before its end are dropped,
+    then a run of up to MAX_REPEATED_WORDS at the start that repeats the confirmed text's last words (a word
+    whose timing moved a little across decodings)."""
+    if not confirmed:
+        return list(words)
+    end = confirmed[-1].end
+    new = [w for w in words if w.start > end - CONFIRMED_OVERLAP_S]
+    if new and abs(new[0].start - end) < 1.0:
+        for n in range(min(len(confirmed), len(new), MAX_REPEATED_WORDS), 0, -1):
+            if all(same_word(a, b) for a, b in zip(confirmed[-n:], new[:n], strict=True)):
+                return new[n:]
+    return new

@@ -1,0 +1,44 @@
+"""One decoding of a stream's audio buffer (under 30 s): the seek loop's single-window step, so the buffer
+gets the filters a file gets (temperature fallback, the no-speech rule, word timestamps from the alignment
+heads, word edges moved out of silence)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..audio import HOP_LENGTH, N_FRAMES, AudioStream
+from ..longform.seek import SeekLoop
+from ..longform.window import Window
+from ..options import TranscribeOptions
+from ..result import Word
+from ..runtime.model import WhisperaneModel
+from ..tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class BufferDecoding:
+    """The words of one decoding (times from the buffer's start) and which of them end a segment."""
+
+    words: tuple[Word, ...]
+    segment_ends: frozenset[int]  # indices into ``words`` of each segment's last word
+
+
+def decode_buffer(model: WhisperaneModel, samples: np.ndarray, options: TranscribeOptions, tokenizer: Tokenizer,
+                  prompt: str) -> BufferDecoding:
+    """Decode ``samples`` (at most 30 s) as one window, prompted with ``prompt`` (text before the buffer)."""
+    size = min(N_FRAMES, len(samples) // HOP_LENGTH)
+    if size == 0:
+        return BufferDecoding((), frozenset())
+    loop = SeekLoop(model, AudioStream.from_array(samples, name="<stream>"), options, None)
+    loop.begin(tokenizer, None, previous_text=tokenizer.encode(" " + prompt.strip()) if prompt.strip() else [])
+    loop.finish_window(Window(0, size, model.encode(model.log_mel(samples)), samples))
+    words: list[Word] = []
+    ends: set[int] = set()
+    for segment in loop.all_segments:
+        for w in segment.get("words") or []:
+            words.append(Word(w["word"], float(w["start"]), float(w["end"]), round(float(w["probability"]), 4)))
+        if words:
+            ends.add(len(words) - 1)
+    return BufferDecoding(tuple(words), frozenset(ends))

@@ -1,0 +1,278 @@
+"""OpenAI's audio API on whisperane: the multipart upload, the form's options, the response formats, the errors.
+
+The request body is parsed as it arrives (python-multipart) and the file part written straight to a temporary
+file, counting bytes, so an upload over the limit is refused (413) as soon as it passes the limit, never read
+whole. The official client parses a response by the ``response_format`` it asked for, not by its content type:
+``text``, ``srt`` and ``vtt`` are plain text, the others JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
+
+from .. import OptionsError
+from ..tokenizer import LANGUAGES
+from ..writers import WriteSRT, WriteVTT
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("word", "segment")
+MAX_FIELD_BYTES = 64 * 1024
+MAX_FIELDS = 64
+# whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
+EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool}
+OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
+                 "stream")
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        if self.status == 401:
+            return "authentication_error"
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Upload:
+    """A parsed request: its text fields (each name with all its values, in order) and the spooled file."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    path: str | None = None  # the temporary file the upload was written to (removed by ``remove``)
+    filename: str = "file"
+    size: int = 0
+
+    def value(self, name: str) -> str | None:
+        values = self.fields.get(name)
+        return values[-1] if values else None
+
+    def remove(self) -> None:
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.path = None
+
+    def public_message(self, message: str) -> str:
+        """``message`` with the spool file's path replaced by the uploaded file's name (no server paths)."""
+        if self.path:
+            message = message.replace(self.path, self.filename)
+        return message.replace(tempfile.gettempdir(), "<tmp>")
+
+
+class _Parser:
+    """python-multipart's callbacks: text fields into memory (bounded), the file part into a temporary file."""
+
+    def __init__(self, upload: Upload, max_bytes: int, spool_dir: str | None):
+        self.upload, self.max_bytes, self.spool_dir = upload, max_bytes, spool_dir
+        self.header_name, self.header_value = b"", b""
+        self.disposition = b""
+        self.name: str | None = None
+        self.data = bytearray()
+        self.file = None
+
+    def on_part_begin(self) -> None:
+        self.disposition, self.name, self.data, self.file = b"", None, bytearray(), None
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self.header_name += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self.header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        if self.header_name.lower() == b"content-disposition":
+            self.disposition = self.header_value
+        self.header_name, self.header_value = b"", b""
+
+    def on_headers_finished(self) -> None:
+        _, params = parse_options_header(self.disposition)
+        if b"name" not in params:
+            raise ApiError(400, "a multipart part has no name")
+        self.name = params[b"name"].decode("utf-8", "replace")
+        if b"filename" in params and self.name == "file":
+            if self.upload.path is not None:
+                raise ApiError(400, "more than one file was sent", param="file")
+            self.upload.filename = os.path.basename(params[b"filename"].decode("utf-8", "replace")) or "file"
+            suffix = os.path.splitext(self.upload.filename)[1].lower()
+            fd, self.upload.path = tempfile.mkstemp(prefix="whisperane-upload-", dir=self.spool_dir,
+                                                    suffix=suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else "")
+            self.file = os.fdopen(fd, "wb")
+        elif sum(len(v) for v in self.upload.fields.values()) >= MAX_FIELDS:
+            raise ApiError(400, "too many form fields")
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.file is not None:
+            self.file.write(data[start:end])
+            self.upload.size += end - start
+        else:
+            self.data += data[start:end]
+            if len(self.data) > MAX_FIELD_BYTES:
+                raise ApiError(400, f"the form field '{self.name}' is too long", param=self.name)
+
+    def on_part_end(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        elif self.name is not None:
+            self.upload.fields.setdefault(self.name, []).append(self.data.decode("utf-8", "replace"))
+
+    def callbacks(self) -> dict:
+        return {name: getattr(self, name) for name in ("on_part_begin", "on_header_field", "on_header_value",
+                "on_header_end", "on_headers_finished", "on_part_data", "on_part_end")}
+
+
+def too_large(max_bytes: int) -> ApiError:
+    return ApiError(413, f"the upload is larger than the server's limit of {max_bytes / 2**20:g} MB",
+                    param="file", code="file_too_large")
+
+
+async def read_upload(content_type: str | None, body: AsyncIterator[bytes], max_bytes: int,
+                      spool_dir: str | None = None) -> Upload:
+    """Parse a multipart body as it arrives; the file part goes to a temporary file (removed on any error)."""
+    kind, params = parse_options_header(content_type)
+    if kind != b"multipart/form-data" or b"boundary" not in params:
+        raise ApiError(400, "expected a multipart/form-data body with the audio as the 'file' field", param="file")
+    upload = Upload()
+    parser_state = _Parser(upload, max_bytes, spool_dir)
+    parser = MultipartParser(params[b"boundary"], parser_state.callbacks())
+    received = 0
+    try:
+        async for chunk in body:
+            received += len(chunk)
+            if received > max_bytes + MAX_FIELDS * MAX_FIELD_BYTES // 16:  # the file plus a few form fields
+                raise too_large(max_bytes)
+            parser.write(chunk)
+            if upload.size > max_bytes:
+                raise too_large(max_bytes)
+        parser.finalize()
+    except (ApiError, ClientDisconnect):
+        upload.remove()
+        raise
+    except Exception:  # a malformed body (python-multipart's errors)
+        upload.remove()
+        raise ApiError(400, "the multipart body is malformed") from None
+    except BaseException:
+        upload.remove()
+        raise
+    finally:
+        if parser_state.file is not None:
+            parser_state.file.close()
+    return upload
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What one request asked for: the model's id, the output, and ``transcribe()`` keywords."""
+
+    model: str
+    response_format: str = "json"
+    stream: bool = False
+    granularities: tuple[str, ...] = ("segment",)
+    transcribe: dict = field(default_factory=dict)
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise ApiError(400, f"{name} must be true or false, not {value!r}", param=name)
+
+
+def _number(name: str, value: str, kind: type) -> float | int:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ApiError(400, f"{name} must be a number, not {value!r}", param=name) from None
+
+
+def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestOptions:
+    """The request's options from its form fields; 400 for an unknown field or value, 404 for an unknown model."""
+    allowed = set(OPENAI_FIELDS) | set(EXTRA_OPTIONS)
+    if task == "translate":
+        allowed -= {"language", "timestamp_granularities[]", "stream"}
+    for name in upload.fields:
+        if name not in allowed:
+            raise ApiError(400, f"unknown option '{name}'", param=name, code="unknown_parameter")
+    if upload.path is None:
+        raise ApiError(400, "no audio file: send it as the multipart field 'file'", param="file")
+    model = upload.value("model") or "whisper-1"
+    if model != "whisper-1" and model not in model_ids:
+        raise ApiError(404, f"the model '{model}' is not loaded; loaded: {', '.join(model_ids)} (whisper-1: the first)",
+                       param="model", code="model_not_found")
+    response_format = upload.value("response_format") or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise ApiError(400, f"unknown response_format '{response_format}'; one of {', '.join(RESPONSE_FORMATS)}",
+                       param="response_format")
+    granularities = tuple(upload.fields.get("timestamp_granularities[]", ["segment"]))
+    for g in granularities:
+        if g not in GRANULARITIES:
+            raise ApiError(400, f"unknown timestamp granularity '{g}'", param="timestamp_granularities[]")
+    kwargs: dict = {"task": task}
+    if upload.value("language"):
+        kwargs["language"] = upload.value("language")
+    if upload.value("prompt"):
+        kwargs["initial_prompt"] = upload.value("prompt")
+    if upload.value("temperature"):
+        t = float(_number("temperature", upload.value("temperature"), float))
+        if not 0.0 <= t <= 1.0:
+            raise ApiError(400, "temperature must be between 0 and 1", param="temperature")
+        if t > 0:  # 0: OpenAI's "raise the temperature while the thresholds fail", whisperane's fallback
+            kwargs["temperature"] = (t,)
+    for name, kind in EXTRA_OPTIONS.items():
+        if (value := upload.value(name)) is not None:
+            kwargs[name] = _flag(name, value) if kind is bool else _number(name, value, kind)
+    if "word" in granularities and kwargs.get("word_timestamps") is False:
+        raise ApiError(400, "word timestamps were asked for with word_timestamps=false", param="word_timestamps")
+    stream = _flag("stream", upload.value("stream") or "false")
+    return RequestOptions(model, response_format, stream, granularities, kwargs)
+
+
+def options_error(e: OptionsError | TypeError) -> ApiError:
+    return ApiError(400, str(e), code="invalid_option")
+
+
+def render(result: dict, options: RequestOptions, task: str) -> tuple[str | dict, str]:
+    """The response body and its media type for the asked format (``result``: TranscriptionResult.to_dict())."""
+    fmt = options.response_format
+    if fmt == "json":
+        return {"text": result["text"]}, "application/json"
+    if fmt == "text":
+        return result["text"], "text/plain; charset=utf-8"
+    if fmt in ("srt", "vtt"):
+        writer = WriteSRT(".") if fmt == "srt" else WriteVTT(".")
+        return writer.render(result), "text/plain; charset=utf-8"
+    return verbose_json(result, options, task), "application/json"
+
+
+def verbose_json(result: dict, options: RequestOptions, task: str) -> dict:
+    segments = [{key: s[key] for key in ("id", "seek", "start", "end", "text", "tokens", "temperature",
+                                         "avg_logprob", "compression_ratio", "no_speech_prob")}
+                for s in result["segments"]]
+    body = {"task": task, "language": LANGUAGES.get(result["language"], result["language"]),
+            "duration": result["duration"], "text": result["text"]}
+    if "segment" in options.granularities:
+        body["segments"] = segments
+    if "word" in options.granularities:
+        body["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]}
+                         for s in result["segments"] for w in s.get("words") or []]
+    return body

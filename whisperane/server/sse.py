@@ -1,0 +1,94 @@
+"""``stream=true``: a transcription as OpenAI's Server-Sent Events.
+
+``data: {"type": "transcript.text.delta", "delta": ...}`` as each segment is kept (the first after the first
+window), then one ``{"type": "transcript.text.done", "text": ...}``. A delta is the text decoded from all the
+tokens so far minus the text already sent, and the done text is the decoding of all the tokens, so the deltas
+concatenate exactly to it (leading spaces included) even where a character's bytes span two segments: a
+trailing incomplete character (U+FFFD) is held back until its bytes are complete. An error after the stream
+began is one ``data: {"error": ...}`` event (the official client raises it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from .workers import Slot
+
+REPLACEMENT = "\ufffd"
+
+
+def event(data: dict) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class DeltaText:
+    """The text of the tokens kept so far and what of it was already sent."""
+
+    def __init__(self, decode: Callable[[list[int]], str], eot: int):
+        self.decode, self.eot = decode, eot
+        self.tokens: list[int] = []
+        self.sent = ""
+
+    def add(self, tokens: tuple[int, ...]) -> str:
+        """The new delta after a segment's tokens ('' when nothing complete is new)."""
+        self.tokens.extend(t for t in tokens if t < self.eot)
+        text = self.decode(self.tokens).rstrip(REPLACEMENT)
+        if not text.startswith(self.sent):  # cannot happen with byte-level BPE; the final delta settles it
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+    def rest(self, final_text: str) -> str:
+        return final_text[len(self.sent) :] if final_text.startswith(self.sent) else ""
+
+
+class TranscriptStream:
+    """One streamed request. Its job starts when the stream is made (not when the response's body is first
+    iterated, which a client gone early never does), and releases its slot when it ends. ``run(job, on_segment)``
+    transcribes on a worker and returns the result's dict; ``error_body`` turns its exception into OpenAI's
+    error object."""
+
+    def __init__(self, slot: Slot, run: Callable[..., dict], text: DeltaText,
+                 error_body: Callable[[BaseException], dict]):
+        self.slot, self.text, self.error_body = slot, text, error_body
+        self.loop = asyncio.get_running_loop()
+        self.segments: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.ensure_future(slot.run(run, self.on_segment))
+        self.task.add_done_callback(lambda _: slot.release())
+
+    def on_segment(self, segment: Any) -> None:  # on the worker thread
+        self.loop.call_soon_threadsafe(self.segments.put_nowait, segment.tokens)
+
+    async def _next_tokens(self) -> tuple[int, ...] | None:
+        """The next kept segment's tokens, or None once the job has ended and every segment was taken."""
+        while self.segments.empty():
+            if self.task.done():
+                return None
+            waiter = asyncio.ensure_future(self.segments.get())
+            await asyncio.wait({waiter, self.task}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter.done():
+                return waiter.result()
+            waiter.cancel()
+        return self.segments.get_nowait()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The SSE body. Leaving early (Starlette cancels the body when the client disconnects) cancels the job
+        at its next window."""
+        try:
+            while (tokens := await self._next_tokens()) is not None:
+                if delta := self.text.add(tokens):
+                    yield event({"type": "transcript.text.delta", "delta": delta})
+            try:
+                result = self.task.result()
+            except Exception as e:  # noqa: BLE001 - the stream's headers are sent: the error is an event
+                yield event(self.error_body(e))
+                return
+            if rest := self.text.rest(result["text"]):
+                yield event({"type": "transcript.text.delta", "delta": rest})
+            yield event({"type": "transcript.text.done", "text": self.text.sent + rest})
+        finally:
+            if not self.task.done():
+                self.slot.job.cancel.set()
