@@ -88,6 +88,8 @@ def test_agreement_is_the_common_prefix_of_two_hypotheses():
     assert agreed_prefix(_words("ask not what your"), _words("ask not what you can")) == 3
     assert agreed_prefix(_words("ask not"), _words("task not")) == 0
     assert agreed_prefix([], _words("ask")) == 0
+    # punctuation and capitals settle as more audio is heard: the same word
+    assert agreed_prefix(_words("ask not what you"), _words("Ask, not what you.")) == 4
 
 
 def test_words_already_confirmed_are_dropped_from_a_new_decoding():
@@ -271,13 +273,9 @@ def test_bad_stream_input_is_one_line(tiny_en_bundle, args, message):
     assert len(err.decode().strip().splitlines()) == 1
 
 
-def test_mic_without_sounddevice_is_one_line(tiny_en_bundle):
-    try:
-        import sounddevice  # noqa: F401
-
-        pytest.skip("sounddevice is installed: this checks its absence")
-    except (ImportError, OSError):
-        pass
+def test_mic_without_sounddevice_or_a_device_is_one_line(tiny_en_bundle):
     proc = _cli("--mic", "--model", str(tiny_en_bundle))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "sounddevice" in err.decode() and "Traceback" not in err.decode()
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in err.decode()
+    assert "sounddevice" in lines[0] or "microphone" in lines[0]
