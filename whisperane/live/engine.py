@@ -132,7 +132,8 @@ class LiveTranscriber:
 
     def result(self) -> TranscriptionResult:
         """The confirmed words as ``transcribe()``'s result."""
-        return result_of(self._confirmed, self._language_tokenizer(), self.audio_time)
+        tokenizer = self._tokenizer or self.model.tokenizer(self.options.language or "en", self.options.task)
+        return result_of(self._confirmed, tokenizer, self.audio_time)
 
     # --- one update -----------------------------------------------------------------------------------
 
@@ -149,7 +150,7 @@ class LiveTranscriber:
             self._hypothesis = current
             events += self._confirm(agreed_prefix(previous, current), ends)
         events += self._close_at_pause()
-        self._trim()
+        events += self._trim()
         if self._hypothesis != previous or events:
             events.append(self._event("hypothesis", self._hypothesis))
         return events
@@ -187,18 +188,28 @@ class LiveTranscriber:
         self._hypothesis = self._hypothesis[:keep]
         return self._confirm(keep)
 
-    def _trim(self) -> None:
+    def _trim(self) -> list[StreamEvent]:
         """Keep the buffer short: cut at the end of the last confirmed sentence or segment once it is longer
-        than trim_after, at the last confirmed word once longer than max_buffer."""
+        than trim_after, at the last confirmed word once longer than max_buffer; where no word in it was
+        confirmed by then, the hypothesis in its first part is (it has been decoded again and again), or,
+        without one, only its last trim_after seconds are kept (voice that gives no words)."""
         length = (self._received - self._buffer_start) / SAMPLE_RATE
-        if length <= self.live.trim_after or not self._confirmed:
-            return
+        if length <= self.live.trim_after:
+            return []
         inside = [w for w in self._confirmed if w.end * SAMPLE_RATE > self._buffer_start]
         cuts = [w.end for w in inside if ends_sentence(w) or w.end in self._segment_ends]
         if not cuts and length > self.live.max_buffer and inside:
             cuts = [inside[-1].end]
         if cuts:
             self._cut(round(cuts[-1] * SAMPLE_RATE))
+            return []
+        if length <= self.live.max_buffer:
+            return []
+        keep_from = self._received / SAMPLE_RATE - self.live.trim_after
+        n = sum(1 for w in self._hypothesis if w.end <= keep_from)
+        events = self._confirm(n)
+        self._cut(round((self._confirmed[-1].end if n else keep_from) * SAMPLE_RATE))
+        return events
 
     def _cut(self, sample: int) -> None:
         """Drop the buffer's audio before ``sample`` (on the stream's timeline)."""
