@@ -101,8 +101,11 @@ def _loadavg() -> str:
 def run_whisperane(model, path: Path, seconds: float, language: str | None, min_chunk: float) -> Record:
     import whisperane
     from whisperane.live import WallClock
+    from whisperane.vad import default_vad
 
-    model.transcribe(np.zeros(SAMPLE_RATE, np.float32))  # warm-up, as whisper_streaming's loop does
+    noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 0.01
+    model.transcribe(noise, language=language)  # warm-up (not digital silence: that is never encoded), as
+    default_vad()  # whisper_streaming's loop warms its model up
     record = Record(audio_s=seconds, load=(_loadavg(), ""))
     cpu = _cpu()
     for e in whisperane.stream(path, model, realtime=True, clock=WallClock(), language=language, min_chunk=min_chunk):
@@ -206,7 +209,8 @@ def main() -> None:
     p.add_argument("--systems", nargs="+", default=["whisperane", "whisper_streaming"])
     p.add_argument("--whisper-streaming", type=Path, help="whisper_online.py of ufal/whisper_streaming")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--min-chunk", type=float, default=None, help="whisperane's (default: its own)")
+    p.add_argument("--min-chunk", type=float, nargs="+", default=None,
+                   help="whisperane's, one run each (default: its own)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=None, help="only the clips within the first N seconds")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds of every system")
     p.add_argument("--work", type=Path, default=Path("/tmp/whisperane-bench-stream"))
@@ -222,7 +226,8 @@ def main() -> None:
     audio = load_audio(path)
     print(f"file: {path.name}, {seconds:.1f} s; load {_loadavg()}; threads {args.threads}", flush=True)
     module = load_whisper_streaming(args.whisper_streaming) if "whisper_streaming" in args.systems else None
-    min_chunk = args.min_chunk or LiveOptions().min_chunk
+    chunks = args.min_chunk or [LiveOptions().min_chunk]
+    systems = [(s, c) for s in args.systems for c in (chunks if s == "whisperane" else [1.0])]
     rows = []
     for model_name in args.models:
         bundle = REPO / "models" / model_name
@@ -230,14 +235,14 @@ def main() -> None:
         language = None if model_name.endswith(".en") else "en"
         offline = wer(reference, model.transcribe(str(path), language=language).text)
         for repeat in range(args.repeats):
-            for system in args.systems:
+            for system, min_chunk in systems:
                 if system == "whisperane":
                     record = run_whisperane(model, path, seconds, language, min_chunk)
                 else:
                     ct2 = resolve_source(model_name, progress=False).path
-                    record = run_whisper_streaming(module, ct2, audio, args.threads, 1.0)
-                row = {"model": model_name, "system": system, "repeat": repeat, "offline_wer": offline,
-                       **metrics(record, reference)}  # fmt: skip
+                    record = run_whisper_streaming(module, ct2, audio, args.threads, min_chunk)
+                row = {"model": model_name, "system": f"{system} (min chunk {min_chunk:g} s)", "repeat": repeat,
+                       "offline_wer": offline, **metrics(record, reference)}  # fmt: skip
                 rows.append(row)
                 print(_line(row), flush=True)
     print("\n| model | system | confirmed median / p90 (s) | hypothesis median (s) | last word (s) | WER % (offline) "
