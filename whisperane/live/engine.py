@@ -30,6 +30,8 @@ STREAM_ALIGNMENT = "decode"
 PROMPT_CHARS = 200
 # Audio kept before the voice when silence is dropped from the buffer: the VAD hears an onset late.
 LEAD_IN_S = 0.5
+# Voice this long before the last update's end is decoded once more (with the audio after it), then no longer.
+RECHECK_S = 0.5
 # A pause this long empties the buffer (but for LEAD_IN_S).
 LONG_PAUSE_S = 2.0
 # A decoded word that starts this long after the pause began is noise the decoder put into the silence.
@@ -138,10 +140,10 @@ class LiveTranscriber:
     # --- one update -----------------------------------------------------------------------------------
 
     def _update(self) -> list[StreamEvent]:
-        self._decoded_until = self._received
+        last_update, self._decoded_until = self._decoded_until, self._received
         previous = list(self._hypothesis)
         events: list[StreamEvent] = []
-        if self._has_voice():
+        if self._has_voice(last_update):
             decoding = decode_buffer(self.model, self._buffer, self.options, self._language_tokenizer(), self._prompt())
             offset = self._buffer_start / SAMPLE_RATE
             words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability) for w in decoding.words]
@@ -155,16 +157,18 @@ class LiveTranscriber:
             events.append(self._event("hypothesis", self._hypothesis))
         return events
 
-    def _has_voice(self) -> bool:
-        """Whether the buffer holds voice past the confirmed text. After a long pause without any, the
-        buffer keeps only a lead-in: the next utterance is decoded after the prompt, not after the silence."""
-        since = self._buffer_start
+    def _has_voice(self, last_update: int) -> bool:
+        """Whether there is something to decode: a hypothesis, or voice past the confirmed text that arrived
+        since the last update (or in the RECHECK_S before it: the decoding may have needed more audio after
+        it). After a long pause the buffer keeps only a lead-in: the next utterance is decoded after the
+        prompt, not after the silence."""
+        since = max(self._buffer_start, last_update - round(RECHECK_S * SAMPLE_RATE))
         if self._confirmed:
             since = max(since, round(self._confirmed[-1].end * SAMPLE_RATE))
-        if self._voice.has_voice(since) or self._hypothesis:
+        if self._hypothesis or self._voice.has_voice(since):
             return True
         if self._voice.pause_seconds() >= LONG_PAUSE_S:
-            self._cut(max(since, self._received - round(LEAD_IN_S * SAMPLE_RATE)))
+            self._cut(self._received - round(LEAD_IN_S * SAMPLE_RATE))
         return False
 
     def _confirm(self, n: int, segment_ends: set[float] | None = None) -> list[StreamEvent]:
