@@ -20,7 +20,6 @@ from ..options import TranscribeOptions
 from ..transcribe import TranscriptionResult, Word
 from .events import StreamEvent, ends_sentence, result_of, words_text
 from .policy import agreed_prefix, unconfirmed_part
-from .voice import VoiceTrack
 from .window import decode_buffer
 
 # Word times from the cross-attention gathered while decoding, not a second (teacher-forced) decoder pass: the
@@ -87,6 +86,8 @@ class LiveTranscriber:
         self._tokenizer = model.tokenizer(self.options.language, self.options.task) if self.options.language or not model.is_multilingual else None
         start = time.monotonic()
         self._clock = clock or (lambda: time.monotonic() - start)
+        from .voice import VoiceTrack  # here, not above: `import whisperane` does not load the VAD module
+
         self._voice = VoiceTrack()
         self._buffer = np.zeros(0, dtype=np.float32)
         self._buffer_start = 0  # the buffer's first sample on the stream's timeline
