@@ -173,6 +173,17 @@ def test_two_streams_on_one_model_at_once_give_each_ones_text(model, jfk_wav, fi
     assert _comparable(together[1]) == _comparable(alone_other)
 
 
+def test_a_multilingual_model_detects_the_streams_language(base_bundle):
+    """German on base without a language: detected on the buffer (not on its first half second) and kept."""
+    base = whisperane.load_model(base_bundle)
+    german = DATA_DIR / "test_de.wav"
+    offline = base.transcribe(str(german))
+    done = list(whisperane.stream(german, base))[-1]
+    assert done.result.language == offline.language == "de"
+    # measured: the offline transcript word for word; one word of its 12 may differ
+    assert _wer(offline.text, done.text) <= 1 / 12 + 1e-9
+
+
 def test_silence_and_low_noise_stream_no_words(model):
     rng = np.random.default_rng(0)
     noise = (rng.standard_normal(16000 * 4) * 10 ** (-50 / 20)).astype(np.float32)  # -50 dBFS white noise
