@@ -199,6 +199,8 @@ def test_unknown_stream_option_is_refused(model):
         LiveTranscriber(model, min_chunks=1.0)
     with pytest.raises(whisperane.OptionsError, match="min_chunk"):
         model.stream(min_chunk=0)
+    with pytest.raises(whisperane.OptionsError, match="English only"):
+        model.stream(language="de")
 
 
 # --- the command line ------------------------------------------------------------------------------------

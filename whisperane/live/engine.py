@@ -83,6 +83,8 @@ class LiveTranscriber:
         self.live, self.options = split_options(options)
         if not model.is_multilingual and self.options.task == "translate":
             raise OptionsError("English-only models cannot translate; use a multilingual model")
+        if not model.is_multilingual and self.options.language not in (None, "en"):
+            raise OptionsError(f"English-only models transcribe English only, not {self.options.language!r}")
         self.model = model
         self.options = replace(self.options, initial_prompt=None, speech_guard=False)
         self._initial_prompt = (options.get("initial_prompt") or "").strip()
