@@ -210,7 +210,7 @@ def main() -> None:
     p.add_argument("--whisper-streaming", type=Path, help="whisper_online.py of ufal/whisper_streaming")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--min-chunk", type=float, nargs="+", default=None,
-                   help="whisperane's, one run each (default: its own)")  # fmt: skip
+                   help="whisperane's, one run each (default: its own)")
     p.add_argument("--seconds", type=float, default=None, help="only the clips within the first N seconds")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds of every system")
     p.add_argument("--work", type=Path, default=Path("/tmp/whisperane-bench-stream"))
@@ -242,11 +242,11 @@ def main() -> None:
                     ct2 = resolve_source(model_name, progress=False).path
                     record = run_whisper_streaming(module, ct2, audio, args.threads, min_chunk)
                 row = {"model": model_name, "system": f"{system} (min chunk {min_chunk:g} s)", "repeat": repeat,
-                       "offline_wer": offline, **metrics(record, reference)}  # fmt: skip
+                       "offline_wer": offline, **metrics(record, reference)}
                 rows.append(row)
                 print(_line(row), flush=True)
     print("\n| model | system | confirmed median / p90 (s) | hypothesis median (s) | last word (s) | WER % (offline) "
-          "| CPU s / audio s | load before / after |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+          "| CPU s / audio s | load before / after |\n|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(_line(row))
     if args.json:
@@ -259,7 +259,7 @@ def _line(r: dict) -> str:
 
     return (f"| {r['model']} | {r['system']} | {f(r['confirmed_median'])} / {f(r['confirmed_p90'])} | "
             f"{f(r['hypothesis_median'])} | {f(r['last_word'])} | {r['wer']:.2f} ({r['offline_wer']:.2f}) | "
-            f"{r['cpu_per_audio_s']:.2f} | {r['load'][0]} / {r['load'][1]} |")  # fmt: skip
+            f"{r['cpu_per_audio_s']:.2f} | {r['load'][0]} / {r['load'][1]} |")
 
 
 if __name__ == "__main__":

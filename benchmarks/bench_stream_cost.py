@@ -65,7 +65,7 @@ def main() -> None:
     for i, options in enumerate(variants):
         m = float(np.median(cpu[i]))
         print(f"| {json.dumps(options)} | {m:.2f} ({min(cpu[i]):.2f}-{max(cpu[i]):.2f}) | {float(np.median(wall[i])):.2f} | "
-              f"{100 * (m / base - 1):+.1f} % | {texts[i] == texts[0]} |")  # fmt: skip
+              f"{100 * (m / base - 1):+.1f} % | {texts[i] == texts[0]} |")
     for i in range(1, len(variants)):
         if texts[i] != texts[0]:
             print(f"first: {texts[0]}\nvariant {i}: {texts[i]}")

@@ -13,6 +13,7 @@ from ..longform.seek import SeekLoop
 from ..longform.window import Window
 from ..options import TranscribeOptions
 from ..result import Word
+from ..runtime.decoder import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 
@@ -25,15 +26,21 @@ class BufferDecoding:
     segment_ends: frozenset[int]  # indices into ``words`` of each segment's last word
 
 
-def decode_buffer(model: WhisperaneModel, samples: np.ndarray, options: TranscribeOptions, tokenizer: Tokenizer,
-                  prompt: str) -> BufferDecoding:
-    """Decode ``samples`` (at most 30 s) as one window, prompted with ``prompt`` (text before the buffer)."""
+def encode_buffer(model: WhisperaneModel, samples: np.ndarray) -> CrossAttention:
+    """The encoding of ``samples`` (at most 30 s) as one window."""
+    return model.encode(model.log_mel(samples))
+
+
+def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttention, options: TranscribeOptions,
+                  tokenizer: Tokenizer, prompt: str) -> BufferDecoding:
+    """Decode ``samples`` (at most 30 s; ``enc`` its encoding) as one window, prompted with ``prompt`` (the
+    text before the buffer)."""
     size = min(N_FRAMES, len(samples) // HOP_LENGTH)
     if size == 0:
         return BufferDecoding((), frozenset())
     loop = SeekLoop(model, AudioStream.from_array(samples, name="<stream>"), options, None)
     loop.begin(tokenizer, None, previous_text=tokenizer.encode(" " + prompt.strip()) if prompt.strip() else [])
-    loop.finish_window(Window(0, size, model.encode(model.log_mel(samples)), samples))
+    loop.finish_window(Window(0, size, enc, samples))
     words: list[Word] = []
     ends: set[int] = set()
     for segment in loop.all_segments:
