@@ -270,6 +270,20 @@ def test_websocket_streams_the_live_engines_confirmed_text(url, models):
     assert _words(events[-1]["text"]) == _words(reference.text)
 
 
+def test_websocket_events_equal_the_engines_for_the_same_feeds(url, models):
+    """The clip in one frame: one feed() then finish() on the server, so its events are the engine's, exactly."""
+    from websockets.sync.client import connect
+
+    pcm = b"".join(_pcm_chunks(ENGLISH[1]))  # "Stuff it into you, his belly counselled him", 3.3 s
+    engine = models["tiny.en"].stream()
+    samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+    expected = [(e.type, e.text) for e in engine.feed(samples) + engine.finish()]
+    with connect(url.replace("http", "ws") + "/v1/audio/live") as ws:
+        ws.send(pcm)
+        ws.send(json.dumps({"type": "end"}))
+        assert [(e["type"], e["text"]) for e in map(json.loads, ws)] == expected
+
+
 def _words(text: str) -> list[str]:
     return [w.strip(".,!?").lower() for w in text.split()]
 
