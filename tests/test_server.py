@@ -196,6 +196,23 @@ def test_a_client_gone_mid_stream_cancels_its_decode(url, long_file):
     assert settled(url)["cancelled"] == before + 1
 
 
+def test_a_client_gone_mid_decode_cancels_it(url, long_file):
+    """A plain (not streamed) request: the client closes its connection once its decode runs."""
+    boundary = "b0undary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"long.wav\"\r\n\r\n").encode()
+    body += long_file.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
+    before = healthy(url)["cancelled"]
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+                  f"boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not healthy(url)["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert healthy(url)["running"] == 1
+    assert settled(url)["cancelled"] == before + 1
+
+
 def test_16_requests_from_8_clients_get_the_sequential_texts(client, models):
     short = [ENGLISH[i] for i in (1, 2, 4, 5)]  # 1.8 to 3.3 s each
     expected = {p: models["tiny.en"].transcribe(str(p), word_timestamps=False).text for p in short}

@@ -223,7 +223,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": list(server.models), "admitted": server.pool.admitted,
-                "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}  # fmt: skip
+                "running": server.pool.running, "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}  # fmt: skip
 
     @app.get("/v1/models")
     async def list_models():
