@@ -273,7 +273,7 @@ def _pcm_chunks(path, seconds: float = 0.5) -> list[bytes]:
 def test_websocket_streams_the_live_engines_confirmed_text(url, models):
     from websockets.sync.client import connect
 
-    frames = _pcm_chunks(ENGLISH[3], seconds=1.0)  # "For a full hour he had paced up and down ...", 5.4 s
+    frames = _pcm_chunks(ENGLISH[3], seconds=2.0)  # "For a full hour he had paced up and down ...", 5.4 s
     samples = [np.frombuffer(f, "<i2").astype(np.float32) / 32768 for f in frames]
     reference = [e for e in whisperane.stream(samples, model=models["tiny.en"]) if e.type == "done"][0]
     with connect(url.replace("http", "ws") + "/v1/audio/live?model=tiny.en") as ws:
