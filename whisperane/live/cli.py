@@ -17,7 +17,17 @@ from ..audio import open_audio
 from ..errors import WhisperaneError
 from .engine import LiveOptions
 from .render import JsonLines, PlainText, Terminal
-from .sources import CHUNK_S, PCM_FORMATS, WallClock, arrivals, file_chunks, mic_chunks, paced, pcm_chunks
+from .sources import (
+    CHUNK_S,
+    PCM_FORMATS,
+    WallClock,
+    arrivals,
+    check_sample_rate,
+    file_chunks,
+    mic_chunks,
+    paced,
+    pcm_chunks,
+)
 
 LIVE_HELP = {
     "min_chunk": "seconds of new audio that start an update",
@@ -57,6 +67,7 @@ def run_stream(args: argparse.Namespace, load) -> int:
     live = LiveOptions(**{f.name: getattr(args, f.name) for f in fields(LiveOptions)})
     options = {**options_from_args(args).to_kwargs(), **{f.name: getattr(live, f.name) for f in fields(live)}}
     name = "mic" if args.mic else "stdin" if args.source == "-" else args.source
+    check_sample_rate(args.sample_rate)
     if name not in ("mic", "stdin"):
         with open_audio(name):  # a missing or unreadable file fails here, before the model is loaded
             pass

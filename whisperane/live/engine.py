@@ -20,13 +20,17 @@ from ..options import TranscribeOptions
 from ..transcribe import TranscriptionResult, Word
 from .events import StreamEvent, ends_sentence, result_of, words_text
 from .policy import agreed_prefix, unconfirmed_part
-from .voice import VoiceTrack
 from .window import decode_buffer
 
+# Word times from the cross-attention gathered while decoding, not a second (teacher-forced) decoder pass: the
+# same text for 5.6 % less CPU an update (benchmarks/results/2026-12-05-live.md); a stream may still ask for it.
+STREAM_ALIGNMENT = "decode"
 # Characters of confirmed text before the buffer that prompt each decoding (whisper_streaming's 200).
 PROMPT_CHARS = 200
 # Audio kept before the voice when silence is dropped from the buffer: the VAD hears an onset late.
 LEAD_IN_S = 0.5
+# Voice this long before the last update's end is decoded once more (with the audio after it), then no longer.
+RECHECK_S = 0.5
 # A pause this long empties the buffer (but for LEAD_IN_S).
 LONG_PAUSE_S = 2.0
 # A decoded word that starts this long after the pause began is noise the decoder put into the silence.
@@ -59,7 +63,7 @@ def split_options(options: dict) -> tuple[LiveOptions, TranscribeOptions]:
     if unknown:
         raise TypeError(f"unknown stream option(s): {', '.join(sorted(unknown))}")
     live = LiveOptions(**{k: v for k, v in options.items() if k in live_names})
-    decoding = TranscribeOptions(**{k: v for k, v in options.items() if k not in live_names})
+    decoding = TranscribeOptions(**{"alignment": STREAM_ALIGNMENT, **{k: v for k, v in options.items() if k not in live_names}})
     if decoding.batch_size is not None or decoding.vad_filter or decoding.clip_timestamps != (0.0,):
         raise OptionsError("a stream decodes its own buffer: batch_size, vad_filter and clip_timestamps do not apply")
     if not decoding.word_timestamps:
@@ -82,6 +86,8 @@ class LiveTranscriber:
         self._tokenizer = model.tokenizer(self.options.language, self.options.task) if self.options.language or not model.is_multilingual else None
         start = time.monotonic()
         self._clock = clock or (lambda: time.monotonic() - start)
+        from .voice import VoiceTrack  # here, not above: `import whisperane` does not load the VAD module
+
         self._voice = VoiceTrack()
         self._buffer = np.zeros(0, dtype=np.float32)
         self._buffer_start = 0  # the buffer's first sample on the stream's timeline
@@ -129,15 +135,16 @@ class LiveTranscriber:
 
     def result(self) -> TranscriptionResult:
         """The confirmed words as ``transcribe()``'s result."""
-        return result_of(self._confirmed, self._language_tokenizer(), self.audio_time)
+        tokenizer = self._tokenizer or self.model.tokenizer(self.options.language or "en", self.options.task)
+        return result_of(self._confirmed, tokenizer, self.audio_time)
 
     # --- one update -----------------------------------------------------------------------------------
 
     def _update(self) -> list[StreamEvent]:
-        self._decoded_until = self._received
+        last_update, self._decoded_until = self._decoded_until, self._received
         previous = list(self._hypothesis)
         events: list[StreamEvent] = []
-        if self._has_voice():
+        if self._has_voice(last_update):
             decoding = decode_buffer(self.model, self._buffer, self.options, self._language_tokenizer(), self._prompt())
             offset = self._buffer_start / SAMPLE_RATE
             words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability) for w in decoding.words]
@@ -146,21 +153,23 @@ class LiveTranscriber:
             self._hypothesis = current
             events += self._confirm(agreed_prefix(previous, current), ends)
         events += self._close_at_pause()
-        self._trim()
+        events += self._trim()
         if self._hypothesis != previous or events:
             events.append(self._event("hypothesis", self._hypothesis))
         return events
 
-    def _has_voice(self) -> bool:
-        """Whether the buffer holds voice past the confirmed text. After a long pause without any, the
-        buffer keeps only a lead-in: the next utterance is decoded after the prompt, not after the silence."""
-        since = self._buffer_start
+    def _has_voice(self, last_update: int) -> bool:
+        """Whether there is something to decode: a hypothesis, or voice past the confirmed text that arrived
+        since the last update (or in the RECHECK_S before it: the decoding may have needed more audio after
+        it). After a long pause the buffer keeps only a lead-in: the next utterance is decoded after the
+        prompt, not after the silence."""
+        since = max(self._buffer_start, last_update - round(RECHECK_S * SAMPLE_RATE))
         if self._confirmed:
             since = max(since, round(self._confirmed[-1].end * SAMPLE_RATE))
-        if self._voice.has_voice(since) or self._hypothesis:
+        if self._hypothesis or self._voice.has_voice(since):
             return True
         if self._voice.pause_seconds() >= LONG_PAUSE_S:
-            self._cut(max(since, self._received - round(LEAD_IN_S * SAMPLE_RATE)))
+            self._cut(self._received - round(LEAD_IN_S * SAMPLE_RATE))
         return False
 
     def _confirm(self, n: int, segment_ends: set[float] | None = None) -> list[StreamEvent]:
@@ -184,18 +193,28 @@ class LiveTranscriber:
         self._hypothesis = self._hypothesis[:keep]
         return self._confirm(keep)
 
-    def _trim(self) -> None:
+    def _trim(self) -> list[StreamEvent]:
         """Keep the buffer short: cut at the end of the last confirmed sentence or segment once it is longer
-        than trim_after, at the last confirmed word once longer than max_buffer."""
+        than trim_after, at the last confirmed word once longer than max_buffer; where no word in it was
+        confirmed by then, the hypothesis in its first part is (it has been decoded again and again), or,
+        without one, only its last trim_after seconds are kept (voice that gives no words)."""
         length = (self._received - self._buffer_start) / SAMPLE_RATE
-        if length <= self.live.trim_after or not self._confirmed:
-            return
+        if length <= self.live.trim_after:
+            return []
         inside = [w for w in self._confirmed if w.end * SAMPLE_RATE > self._buffer_start]
         cuts = [w.end for w in inside if ends_sentence(w) or w.end in self._segment_ends]
         if not cuts and length > self.live.max_buffer and inside:
             cuts = [inside[-1].end]
         if cuts:
             self._cut(round(cuts[-1] * SAMPLE_RATE))
+            return []
+        if length <= self.live.max_buffer:
+            return []
+        keep_from = self._received / SAMPLE_RATE - self.live.trim_after
+        n = sum(1 for w in self._hypothesis if w.end <= keep_from)
+        events = self._confirm(n)
+        self._cut(round((self._confirmed[-1].end if n else keep_from) * SAMPLE_RATE))
+        return events
 
     def _cut(self, sample: int) -> None:
         """Drop the buffer's audio before ``sample`` (on the stream's timeline)."""

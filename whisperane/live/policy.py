@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..timing import PUNCTUATION
 from ..transcribe import Word
 
 # A re-decoded word that starts this long before the end of the last confirmed word is one already confirmed.
@@ -14,7 +15,13 @@ MAX_REPEATED_WORDS = 5
 
 
 def same_word(a: Word, b: Word) -> bool:
-    return a.word.strip() == b.word.strip()
+    """The same word in two decodings: its punctuation and capitals may change with the audio after it (a
+    buffer that ends on "you" decodes "you." once the pause is heard); the later decoding's form is kept."""
+    return _key(a.word) == _key(b.word)
+
+
+def _key(word: str) -> str:
+    return word.strip().strip(PUNCTUATION).lower()
 
 
 def agreed_prefix(previous: Sequence[Word], current: Sequence[Word]) -> int:

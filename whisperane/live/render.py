@@ -50,9 +50,9 @@ class Terminal:
     def show(self, events: Iterable[StreamEvent]) -> None:
         for event in events:
             if event.type == "confirmed":
-                self.line += event.text
+                self.line = (self.line + event.text).lstrip()
             elif event.type == "hypothesis":
-                self.hypothesis = event.text
+                self.hypothesis = event.text if self.line else event.text.lstrip()
             elif event.type == "done":
                 self.hypothesis = ""
         width = max(20, shutil.get_terminal_size().columns - 1)
@@ -60,7 +60,7 @@ class Terminal:
             cut = self.line.rfind(" ", 0, width) if len(self.line) > width else len(self.line)
             cut = cut if cut > 0 else width
             self.out.write(CLEAR_LINE + self.line[:cut] + "\n")
-            self.line = self.line[cut:]
+            self.line = self.line[cut:].lstrip()
         room = width - len(self.line)
         tail = self.hypothesis if len(self.hypothesis) <= room else self.hypothesis[: max(0, room - 1)] + "…"
         self.out.write(CLEAR_LINE + self.line + DIM + tail + RESET)

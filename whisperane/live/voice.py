@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..audio import SAMPLE_RATE
+from ..vad import WINDOW_SAMPLES as WINDOW  # samples per speech probability (32 ms)
 from ..vad import VadOptions, default_vad
 
-WINDOW = 512  # samples per speech probability (32 ms): Silero's window at 16 kHz
 # Each new stretch is scored after this much audio before it, so that the model's recurrent state has settled
 # (it starts from zeros each call).
 WARMUP_SAMPLES = 16 * WINDOW

@@ -1,0 +1,281 @@
+"""Live transcription (whisperane.live): real tiny.en on real speech, streamed at compute speed.
+
+A real-time stream runs on a SimulatedClock: waiting for audio takes no time (the clock jumps to when the next
+audio arrives), processing takes what it takes, so the events are those of a live stream without the wait.
+Latencies are shown in benchmarks/bench_stream.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import DATA_DIR, REPO_ROOT
+
+import whisperane
+from whisperane.audio import load_audio
+from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent
+from whisperane.live.policy import agreed_prefix, unconfirmed_part
+from whisperane.live.sources import paced
+from whisperane.transcribe import Word
+
+JFK = DATA_DIR / "jfk.flac"
+# Measured on JFK (tiny.en, real-time simulation and chunked): the confirmed text is the offline transcript's
+# word for word (WER 0 after normalization) across min_chunk 0.3-1.0 s; one word in 22 may differ.
+JFK_MAX_WER = 1 / 22 + 1e-9
+
+
+@pytest.fixture(scope="module")
+def model(tiny_en_bundle):
+    return whisperane.load_model(tiny_en_bundle)
+
+
+@pytest.fixture(scope="module")
+def jfk_audio() -> np.ndarray:
+    """JFK at 16 kHz in 16-bit steps: what raw s16le PCM can carry exactly."""
+    return (np.round(load_audio(JFK) * 32768).clip(-32768, 32767) / 32768).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def jfk_wav(jfk_audio, tmp_path_factory) -> Path:
+    import soundfile
+
+    path = tmp_path_factory.mktemp("live") / "jfk.wav"
+    soundfile.write(path, jfk_audio, 16000, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture(scope="module")
+def file_events(model, jfk_wav) -> list[StreamEvent]:
+    """JFK from a file, chunked (each chunk one update), as fast as it decodes."""
+    return list(whisperane.stream(jfk_wav, model))
+
+
+def _wer(reference: str, hypothesis: str) -> float:
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    normalize = EnglishTextNormalizer()
+    return jiwer.wer(normalize(reference), normalize(hypothesis) or "<empty>")
+
+
+def _confirmed(events: list[StreamEvent]) -> list[Word]:
+    return [w for e in events if e.type == "confirmed" for w in e.words]
+
+
+def _comparable(events: list[StreamEvent]) -> list[tuple]:
+    return [(e.type, e.text, e.words, e.audio_time) for e in events]
+
+
+# --- the policy ------------------------------------------------------------------------------------------
+
+
+def _words(text: str, start: float = 0.0, step: float = 0.5) -> list[Word]:
+    return [Word(" " + w, start + i * step, start + (i + 1) * step - 0.1, 0.9) for i, w in enumerate(text.split())]
+
+
+def test_agreement_is_the_common_prefix_of_two_hypotheses():
+    assert agreed_prefix(_words("ask not what your"), _words("ask not what you can")) == 3
+    assert agreed_prefix(_words("ask not"), _words("task not")) == 0
+    assert agreed_prefix([], _words("ask")) == 0
+    # punctuation and capitals settle as more audio is heard: the same word
+    assert agreed_prefix(_words("ask not what you"), _words("Ask, not what you.")) == 4
+
+
+def test_words_already_confirmed_are_dropped_from_a_new_decoding():
+    confirmed = _words("so my fellow Americans")  # ends at 1.9 s
+    again = _words("fellow Americans ask not", start=1.0)  # re-decoded "fellow Americans" at 1.0-1.9 s
+    assert [w.word for w in unconfirmed_part(again, confirmed)] == [" ask", " not"]
+    # a confirmed word whose timing moved later across decodings is matched by its text
+    shifted = [Word(" Americans", 1.85, 2.3, 0.9), *_words("ask not", start=2.4)]
+    assert [w.word for w in unconfirmed_part(shifted, confirmed)] == [" ask", " not"]
+
+
+def test_paced_audio_never_arrives_early():
+    clock = SimulatedClock()
+    audio = np.arange(16000 * 3, dtype=np.float32)
+    given = 0
+    for chunk in paced(np.array_split(audio, 7), clock, step_s=0.4):
+        given += len(chunk)
+        assert given <= clock.now() * 16000 + 1
+        assert chunk[0] == given - len(chunk)  # in order, nothing lost
+    assert given == len(audio)
+    assert clock.now() >= 3.0 - 1e-6  # the clock moved on to the end of the audio without sleeping
+
+
+# --- streams of real speech ------------------------------------------------------------------------------
+
+
+def test_jfk_streamed_live_confirms_the_offline_transcript(model):
+    offline = model.transcribe(str(JFK)).text
+    events = list(whisperane.stream(str(JFK), model, realtime=True, clock=SimulatedClock()))
+    confirmed = _confirmed(events)
+    assert _wer(offline, "".join(w.word for w in confirmed)) <= JFK_MAX_WER
+    for e in events:  # causality on the simulated clock: nothing is emitted before its audio arrived
+        assert all(w.end <= e.audio_time + 0.02 for w in e.words) and e.audio_time <= e.wall_time + 0.01
+    assert events[-1].type == "done" and events[-1].audio_time == pytest.approx(11.0, abs=0.01)
+
+
+def test_file_events_match_the_schema(file_events):
+    assert file_events[-1].type == "done" and sum(e.type == "done" for e in file_events) == 1
+    confirmed: list[Word] = []
+    previous_time = 0.0
+    for e in file_events:
+        d = json.loads(json.dumps(e.to_dict()))
+        assert set(d) == {"type", "text", "words", "audio_time", "wall_time"} | ({"result"} if e.type == "done" else set())
+        assert d["type"] in ("hypothesis", "confirmed", "done") and isinstance(d["text"], str)
+        assert d["text"] == "".join(w["word"] for w in d["words"])
+        for w in d["words"]:
+            assert set(w) == {"word", "start", "end", "probability"}
+            assert 0 <= w["start"] <= w["end"] <= d["audio_time"] + 0.02 and 0 <= w["probability"] <= 1
+        assert d["audio_time"] >= previous_time and d["wall_time"] >= 0
+        previous_time = d["audio_time"]
+        if e.type == "confirmed":
+            assert e.words and (not confirmed or e.words[0].start >= confirmed[-1].end - 0.1)
+            confirmed.extend(e.words)
+        if e.type == "hypothesis" and e.words and confirmed:
+            assert e.words[0].start >= confirmed[-1].end - 0.1  # the tail after the confirmed text
+    done = file_events[-1]
+    assert list(done.words) == confirmed  # confirmed words never change
+    result = done.to_dict()["result"]
+    assert set(result) == {"text", "language", "duration", "segments"} and result["text"] == done.text
+    assert [w for s in result["segments"] for w in s["words"]] == [json.loads(json.dumps(w.__dict__)) for w in confirmed]
+    assert result["duration"] == pytest.approx(11.0, abs=0.01)
+
+
+def test_stdin_pcm_and_the_file_give_the_same_events(model, jfk_audio, file_events):
+    events = list(whisperane.stream(io.BytesIO(_pcm(jfk_audio)), model))
+    assert _comparable(events[:-1]) == _comparable(file_events[:-1])
+    assert events[-1].result.to_dict() == file_events[-1].result.to_dict()
+
+
+def test_two_streams_on_one_model_at_once_give_each_ones_text(model, jfk_wav, file_events):
+    alone_other = list(whisperane.stream(DATA_DIR / "1089-134691-0000.flac", model))
+    barrier = threading.Barrier(2)
+
+    def run(path):
+        barrier.wait()
+        return list(whisperane.stream(path, model))
+
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(run, [jfk_wav, DATA_DIR / "1089-134691-0000.flac"]))
+    assert _comparable(together[0]) == _comparable(file_events)
+    assert _comparable(together[1]) == _comparable(alone_other)
+
+
+def test_silence_and_low_noise_stream_no_words(model):
+    rng = np.random.default_rng(0)
+    noise = (rng.standard_normal(16000 * 4) * 10 ** (-50 / 20)).astype(np.float32)  # -50 dBFS white noise
+    audio = np.concatenate([np.zeros(16000 * 3, np.float32), noise])
+    stream = model.stream()
+    events = [e for i in range(0, len(audio), 8000) for e in stream.feed(audio[i : i + 8000])] + stream.finish()
+    assert all(not e.words for e in events)
+    assert events[-1].type == "done" and events[-1].text == "" and events[-1].result.segments == ()
+
+
+def test_unknown_stream_option_is_refused(model):
+    with pytest.raises(TypeError, match="min_chunks"):
+        LiveTranscriber(model, min_chunks=1.0)
+    with pytest.raises(whisperane.OptionsError, match="min_chunk"):
+        model.stream(min_chunk=0)
+
+
+# --- the command line ------------------------------------------------------------------------------------
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "whisperane", "stream", *args], env=env, cwd=REPO_ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # fmt: skip
+
+
+def _pcm(audio: np.ndarray) -> bytes:
+    return np.round(audio * 32768).clip(-32768, 32767).astype("<i2").tobytes()
+
+
+def _wait_until_idle(pid: int, quiet_s: float = 1.0, limit_s: float = 120.0) -> None:
+    """Until the process has used no CPU time for ``quiet_s`` (Linux: /proc/PID/stat)."""
+
+    def cpu() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    deadline, last, since = time.monotonic() + limit_s, cpu(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = cpu()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+    raise AssertionError("the stream never went idle")
+
+
+def _lines_ready(stdout) -> list[str]:
+    """The lines already written to a pipe (without waiting for more)."""
+    os.set_blocking(stdout.fileno(), False)
+    data = stdout.read() or b""
+    os.set_blocking(stdout.fileno(), True)
+    return data.decode().splitlines()
+
+
+def test_sigint_mid_stream_writes_the_confirmed_text_and_exits_130(tiny_en_bundle, jfk_audio, tmp_path):
+    proc = _cli("-", "--model", str(tiny_en_bundle), "--format", "jsonl", "-o", str(tmp_path))
+    proc.stdin.write(_pcm(jfk_audio[: 16000 * 6]))  # six seconds, and the pipe kept open: the stream is live
+    proc.stdin.flush()
+    confirmed = ""
+    for line in proc.stdout:
+        event = json.loads(line)
+        confirmed += event["text"] if event["type"] == "confirmed" else ""
+        if confirmed:
+            break
+    _wait_until_idle(proc.pid)  # every chunk sent has been decoded: the process waits for more audio
+    confirmed += "".join(e["text"] for e in map(json.loads, _lines_ready(proc.stdout)) if e["type"] == "confirmed")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert proc.returncode == 130, err.decode()
+    assert events[-1]["type"] == "done" and events[-1]["text"] == confirmed and confirmed.strip()
+    written = json.loads((tmp_path / "stdin.json").read_text())
+    assert written["text"] == confirmed and written == events[-1]["result"]
+    assert "Traceback" not in err.decode() and len(err.decode().strip().splitlines()) == 2  # written, interrupted
+
+
+def test_pcm_that_ends_inside_a_sample_is_one_line_and_exit_1(tiny_en_bundle, jfk_audio, tmp_path):
+    proc = _cli("-", "--model", str(tiny_en_bundle), "-o", str(tmp_path))
+    out, err = proc.communicate(_pcm(jfk_audio[: 16000 * 3]) + b"\x01", timeout=120)
+    assert proc.returncode == 1
+    lines = err.decode().strip().splitlines()
+    assert lines[-1].startswith("whisperane: error: standard input: truncated s16le PCM") and "Traceback" not in err.decode()
+    written = json.loads((tmp_path / "stdin.json").read_text())
+    assert written["text"] == out.decode().strip("\n") and "fellow" in written["text"].lower()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-", "--sample-rate", "100"], "unsupported sample rate 100 Hz"),
+    (["-", "--input-format", "f32le", "--sample-rate", "1000000"], "unsupported sample rate"),
+    ([str(DATA_DIR / "missing.flac")], "missing.flac"),
+])  # fmt: skip
+def test_bad_stream_input_is_one_line(tiny_en_bundle, args, message):
+    proc = _cli(*args, "--model", str(tiny_en_bundle))
+    _, err = proc.communicate(b"", timeout=120)
+    assert proc.returncode == 1 and message in err.decode() and "Traceback" not in err.decode()
+    assert len(err.decode().strip().splitlines()) == 1
+
+
+def test_mic_without_sounddevice_or_a_device_is_one_line(tiny_en_bundle):
+    proc = _cli("--mic", "--model", str(tiny_en_bundle))
+    _, err = proc.communicate(timeout=120)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in err.decode()
+    assert "sounddevice" in lines[0] or "microphone" in lines[0]
