@@ -8,7 +8,6 @@ must end without an exception, within a bounded number of windows, with a well-f
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -75,14 +74,6 @@ def random_models(tmp_path_factory, ct2_tiny_en_dir, ct2_base_dir):
     return models
 
 
-def window_bound(n_samples: int) -> int:
-    """Windows a transcription may take: each 30 s window decoded at most twice (the seek guard's one
-    decoding again), and as many more as its decodings' timestamp pairs can cut it into (a pair every
-    TIME_PRECISION at worst is bounded by the tokens a window samples: text_ctx // 2 = 32)."""
-    windows = max(1, math.ceil(n_samples / (30 * SAMPLE_RATE)))
-    return 2 * windows * 32
-
-
 def assert_well_formed(result, n_samples: int, seeks: list[float]) -> None:
     duration = n_samples / SAMPLE_RATE
     assert result.duration == round(duration, 3)
@@ -97,8 +88,11 @@ def assert_well_formed(result, n_samples: int, seeks: list[float]) -> None:
             assert s.start <= w.start <= w.end <= s.end, (w, s.start, s.end)
         previous = s
     assert result.text == "".join(s.text for s in result.segments)
-    assert len(seeks) <= window_bound(n_samples), f"{len(seeks)} windows"
-    assert all(b >= a for a, b in itertools.pairwise(seeks)), "the seek never moves back"
+    # The seek moves forward after every window, but for the seek guard's one decoding again of a window
+    # from its start: the loop ends.
+    steps = [b - a for a, b in itertools.pairwise(seeks)]
+    assert all(step >= 0 for step in steps), f"the seek moved back: {seeks}"
+    assert all(a > 0 or b > 0 for a, b in itertools.pairwise(steps)), f"a window decoded three times: {seeks}"
 
 
 def transcribe_case(model, audio_name: str, mode: str) -> None:
@@ -112,12 +106,24 @@ def transcribe_case(model, audio_name: str, mode: str) -> None:
     assert_well_formed(result, len(audio), seeks)
 
 
-# Every mode over every audio once, on the shapes in turn: a covering run whose size is known.
+# Every mode over three audios, every audio in two modes or more, the shapes in turn: a covering run whose size
+# is known; hypothesis draws more below.
+MODE_AUDIO = {
+    "default": ("speech", "low noise", "speech after 25 s of silence"),
+    "no guard": ("tone", "30 s", "30 s + 1 sample"),
+    "no words": ("0.2 s", "speech after 25 s of silence", "silence"),
+    "beam 5": ("speech", "30 s + 1 sample", "0.2 s"),
+    "best of 5": ("low noise", "30 s", "tone"),
+    "batched": ("speech after 25 s of silence", "30 s + 1 sample", "silence"),
+    "vad filter": ("speech", "tone", "0.2 s"),
+    "clip timestamps": ("30 s", "speech after 25 s of silence", "speech"),
+    "hallucination threshold": ("low noise", "30 s + 1 sample", "speech"),
+}
 COVERING = [(FUZZ_SHAPES[i % len(FUZZ_SHAPES)].name, audio, mode)
-            for i, (mode, audio) in enumerate(itertools.product(MODES, AUDIO))]
+            for i, (mode, audio) in enumerate((m, a) for m, audios in MODE_AUDIO.items() for a in audios)]
 
 
-def test_every_mode_over_every_audio(random_models):
+def test_every_mode_over_odd_audio(random_models):
     ran = []
     for shape, audio, mode in COVERING:
         try:
@@ -125,14 +131,16 @@ def test_every_mode_over_every_audio(random_models):
         except Exception as e:
             raise AssertionError(f"{shape}, {audio}, {mode}: {e!r}") from e
         ran.append((shape, audio, mode))
-    assert len(ran) == len(MODES) * len(AUDIO) == 72
+    assert len(ran) == 27 and set(MODE_AUDIO) == set(MODES)
+    assert {audio for _, audio, _ in ran} == set(AUDIO)
+    assert {shape for shape, _, _ in ran} == {s.name for s in FUZZ_SHAPES}
 
 
 def test_random_cases(random_models):
     """Hypothesis draws further (shape, audio, mode) triples, seeds of the draws fixed for a stable CI."""
     ran = []
 
-    @settings(max_examples=12, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=8, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(st.sampled_from([s.name for s in FUZZ_SHAPES]), st.sampled_from(list(AUDIO)), st.sampled_from(list(MODES)))
     def case(shape, audio, mode):
@@ -140,7 +148,7 @@ def test_random_cases(random_models):
         ran.append((shape, audio, mode))
 
     case()
-    assert len(ran) == 12
+    assert len(ran) == 8
 
 
 @pytest.mark.parametrize("shape", [TURBO, DISTIL], ids=["turbo-shaped", "distil-shaped"])

@@ -619,16 +619,16 @@ class Transcription:
         return None
 
     def _commit(self, w: Window, result: DecodingResult, segments: list[dict], seek: int, resumed: bool = False) -> None:
-        """Keep the window's segments (never ending past the audio, never empty) and move ``seek`` on: past the
+        """Keep the window's segments (never ending past the window's audio, never empty) and move ``seek`` on: past the
         window's start, unless the seek guard ``resumed`` there (it decodes a window again once, without the
         prompt, and never guards that window again)."""
-        duration = self.stream.n_samples / SAMPLE_RATE
+        end = min(self.stream.n_samples, w.seek * HOP_LENGTH + len(w.samples)) / SAMPLE_RATE  # the window's audio
         last_word_end = timing.get_end(segments) if self.options.word_timestamps else None
         if last_word_end is not None:  # of the kept segments: a resumed window is aligned again after them
             self.last_speech_timestamp = last_word_end
             _trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
         for s in segments:
-            s["end"] = min(s["end"], duration)
+            s["end"] = min(s["end"], end)
             s["start"] = min(s["start"], s["end"])
         for s in segments:
             if s["start"] != s["end"] and s["text"].strip():
@@ -709,7 +709,9 @@ def _split_segments(result: DecodingResult, tokenizer: Tokenizer, seek: int, seg
         if single_timestamp_ending:
             next_seek = seek + segment_size  # no speech after the last timestamp
         else:
-            next_seek = seek + (tokens[last_slice - 1] - tb) * INPUT_STRIDE
+            # never past the window's audio: a decoding may write timestamps beyond it (a short last window, a
+            # clip of clip_timestamps), and audio the window did not hold was not transcribed
+            next_seek = seek + min((tokens[last_slice - 1] - tb) * INPUT_STRIDE, segment_size)
     else:
         duration = segment_size * HOP_LENGTH / SAMPLE_RATE
         timestamps = [t for t in tokens if t >= tb]
