@@ -196,6 +196,23 @@ def test_a_client_gone_mid_stream_cancels_its_decode(url, long_file):
     assert settled(url)["cancelled"] == before + 1
 
 
+def test_a_client_gone_mid_decode_cancels_it(url, long_file):
+    """A plain (not streamed) request: the client closes its connection once its decode runs."""
+    boundary = "b0undary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"long.wav\"\r\n\r\n").encode()
+    body += long_file.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
+    before = healthy(url)["cancelled"]
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+                  f"boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 60
+        while not healthy(url)["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert healthy(url)["running"] == 1
+    assert settled(url)["cancelled"] == before + 1
+
+
 def test_16_requests_from_8_clients_get_the_sequential_texts(client, models):
     short = [ENGLISH[i] for i in (1, 2, 4, 5)]  # 1.8 to 3.3 s each
     expected = {p: models["tiny.en"].transcribe(str(p), word_timestamps=False).text for p in short}
@@ -256,7 +273,7 @@ def _pcm_chunks(path, seconds: float = 0.5) -> list[bytes]:
 def test_websocket_streams_the_live_engines_confirmed_text(url, models):
     from websockets.sync.client import connect
 
-    frames = _pcm_chunks(ENGLISH[3], seconds=1.0)  # "For a full hour he had paced up and down ...", 5.4 s
+    frames = _pcm_chunks(ENGLISH[3], seconds=2.0)  # "For a full hour he had paced up and down ...", 5.4 s
     samples = [np.frombuffer(f, "<i2").astype(np.float32) / 32768 for f in frames]
     reference = [e for e in whisperane.stream(samples, model=models["tiny.en"]) if e.type == "done"][0]
     with connect(url.replace("http", "ws") + "/v1/audio/live?model=tiny.en") as ws:
@@ -268,6 +285,20 @@ def test_websocket_streams_the_live_engines_confirmed_text(url, models):
     confirmed = "".join(e["text"] for e in events if e["type"] == "confirmed")
     assert confirmed == events[-1]["text"] == events[-1]["result"]["text"]
     assert _words(events[-1]["text"]) == _words(reference.text)
+
+
+def test_websocket_events_equal_the_engines_for_the_same_feeds(url, models):
+    """The clip in one frame: one feed() then finish() on the server, so its events are the engine's, exactly."""
+    from websockets.sync.client import connect
+
+    pcm = b"".join(_pcm_chunks(ENGLISH[1]))  # "Stuff it into you, his belly counselled him", 3.3 s
+    engine = models["tiny.en"].stream()
+    samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+    expected = [(e.type, e.text) for e in engine.feed(samples) + engine.finish()]
+    with connect(url.replace("http", "ws") + "/v1/audio/live") as ws:
+        ws.send(pcm)
+        ws.send(json.dumps({"type": "end"}))
+        assert [(e["type"], e["text"]) for e in map(json.loads, ws)] == expected
 
 
 def _words(text: str) -> list[str]:

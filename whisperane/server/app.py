@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__, load_model
+from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
 from ..audio import open_audio
 from .openai_api import (
     ApiError,
@@ -224,7 +223,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": list(server.models), "admitted": server.pool.admitted,
-                "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}
+                "running": server.pool.running, "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}
 
     @app.get("/v1/models")
     async def list_models():
@@ -261,18 +260,3 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
 def _model_card(model_id: str, server: Server) -> dict:
     return {"id": model_id, "object": "model", "created": server.created, "owned_by": "whisperane"}
-
-
-def model_id(name: str) -> str:
-    """A model's id in requests: its name, or a bundle directory's name."""
-    return Path(name).name if os.sep in name or Path(name).is_dir() else name
-
-
-def load_models(names: list[str], threads: int = 1) -> dict:
-    models = {}
-    for name in names:
-        key = model_id(name)
-        if key in models or key == "whisper-1":
-            raise WhisperaneError(f"two models would have the id '{key}'")
-        models[key] = load_model(name, threads=threads)
-    return models

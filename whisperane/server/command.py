@@ -57,7 +57,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                 args.threads_per_worker)
         except KeyboardInterrupt:  # Ray Serve's blocking run ends on Ctrl-C: a normal stop
             return 0
-    from .app import create_app, load_models
+    from .app import create_app
+    from .models import load_models
 
     app = create_app(load_models(names, args.threads_per_worker), config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets-sansio")

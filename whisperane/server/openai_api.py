@@ -58,18 +58,20 @@ class Upload:
     path: str | None = None  # the temporary file the upload was written to (removed by ``remove``)
     filename: str = "file"
     size: int = 0
+    removed: bool = False
 
     def value(self, name: str) -> str | None:
         values = self.fields.get(name)
         return values[-1] if values else None
 
     def remove(self) -> None:
-        if self.path is not None:
+        """Unlink the spooled file (once); ``path`` is kept, so that later messages can still hide it."""
+        if self.path is not None and not self.removed:
+            self.removed = True
             try:
                 os.unlink(self.path)
             except OSError:
                 pass
-            self.path = None
 
     def public_message(self, message: str) -> str:
         """``message`` with the spool file's path replaced by the uploaded file's name (no server paths)."""

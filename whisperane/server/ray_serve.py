@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import WhisperaneError
-from .app import ServerConfig, create_app, load_models, model_id
+from .app import ServerConfig, create_app
+from .models import load_models, model_id
 
 APP_NAME = "whisperane"
 

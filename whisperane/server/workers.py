@@ -76,6 +76,7 @@ class DecodePool:
         self.workers, self.capacity = workers, workers + queue
         self._admitted = 0
         self.cancelled = 0  # jobs stopped because their client left (reported by /health)
+        self.running = 0  # jobs on a worker now
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="whisperane-decode")
 
@@ -97,6 +98,8 @@ class DecodePool:
 
     def submit(self, job: Job, fn: Callable[..., Any], *args: Any) -> Future:
         def run() -> Any:
+            with self._lock:
+                self.running += 1
             try:
                 job.check()  # a job whose client left while it waited in the queue never starts
                 return fn(job, *args)
@@ -104,6 +107,9 @@ class DecodePool:
                 with self._lock:
                     self.cancelled += 1
                 raise
+            finally:
+                with self._lock:
+                    self.running -= 1
 
         return self._executor.submit(run)
 
