@@ -3,7 +3,7 @@
 A ``LiveTranscriber`` (``model.stream(**options)``) takes audio through ``feed()`` and ends with ``finish()``;
 each update decodes the unconfirmed buffer again and confirms the words two consecutive decodings agree on
 (LocalAgreement-2). ``stream()`` drives one over a path, a binary file object of raw PCM or an iterable of
-float32 chunks. The interface is /work/team/LIVE_API.md's (agreed with the server).
+float32 chunks. The server (one stream per connection) uses the same push interface.
 """
 
 from __future__ import annotations

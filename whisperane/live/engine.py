@@ -15,12 +15,13 @@ import numpy as np
 from ..audio import SAMPLE_RATE
 from ..decoding import detect_language
 from ..errors import OptionsError
-from ..model import WhisperaneModel
+from ..model import EncodedWindow, WhisperaneModel
 from ..options import TranscribeOptions
+from ..tokenizer import Tokenizer
 from ..transcribe import TranscriptionResult, Word
 from .events import StreamEvent, ends_sentence, result_of, words_text
 from .policy import agreed_prefix, unconfirmed_part
-from .window import decode_buffer
+from .window import decode_buffer, encode_buffer
 
 # Word times from the cross-attention gathered while decoding, not a second (teacher-forced) decoder pass: the
 # same text for 5.6 % less CPU an update (benchmarks/results/2026-12-05-live.md); a stream may still ask for it.
@@ -29,6 +30,8 @@ STREAM_ALIGNMENT = "decode"
 PROMPT_CHARS = 200
 # Audio kept before the voice when silence is dropped from the buffer: the VAD hears an onset late.
 LEAD_IN_S = 0.5
+# A multilingual model's language is detected again on each update until the stream has held this much voice.
+LANGUAGE_VOICE_S = 3.0
 # Voice this long before the last update's end is decoded once more (with the audio after it), then no longer.
 RECHECK_S = 0.5
 # A pause this long empties the buffer (but for LEAD_IN_S).
@@ -80,6 +83,8 @@ class LiveTranscriber:
         self.live, self.options = split_options(options)
         if not model.is_multilingual and self.options.task == "translate":
             raise OptionsError("English-only models cannot translate; use a multilingual model")
+        if not model.is_multilingual and self.options.language not in (None, "en"):
+            raise OptionsError(f"English-only models transcribe English only, not {self.options.language!r}")
         self.model = model
         self.options = replace(self.options, initial_prompt=None, speech_guard=False)
         self._initial_prompt = (options.get("initial_prompt") or "").strip()
@@ -145,12 +150,16 @@ class LiveTranscriber:
         previous = list(self._hypothesis)
         events: list[StreamEvent] = []
         if self._has_voice(last_update):
-            decoding = decode_buffer(self.model, self._buffer, self.options, self._language_tokenizer(), self._prompt())
+            enc = encode_buffer(self.model, self._buffer)
+            tokenizer, settled = self._language(enc)
+            decoding = decode_buffer(self.model, self._buffer, enc, self.options, tokenizer, self._prompt())
             offset = self._buffer_start / SAMPLE_RATE
             words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability) for w in decoding.words]
             ends = {words[i].end for i in decoding.segment_ends}
             current = unconfirmed_part(words, self._confirmed)
             self._hypothesis = current
+            if not settled:  # nothing is confirmed in a language that may still change
+                return [self._event("hypothesis", current)] if current != previous else []
             events += self._confirm(agreed_prefix(previous, current), ends)
         events += self._close_at_pause()
         events += self._trim()
@@ -233,15 +242,17 @@ class LiveTranscriber:
         text = (self._initial_prompt + " " + before.strip()).strip()
         return text[-PROMPT_CHARS:].lstrip()
 
-    def _language_tokenizer(self):
-        """The stream's tokenizer; a multilingual model without a language detects it once, on the buffer."""
-        if self._tokenizer is None:
-            if not self._buffer.size:
-                return self.model.tokenizer("en", self.options.task)
-            enc = self.model.encode(self.model.log_mel(self._buffer))
-            language, _ = detect_language(self.model, enc, self.model.tokenizer())
-            self._tokenizer = self.model.tokenizer(language, self.options.task)
-        return self._tokenizer
+    def _language(self, enc: EncodedWindow) -> tuple[Tokenizer, bool]:
+        """The stream's tokenizer, and whether its language is settled. A multilingual model without a
+        language detects it on the buffer at each update until LANGUAGE_VOICE_S of voice was heard, or the
+        voice paused: then it keeps it."""
+        if self._tokenizer is not None:
+            return self._tokenizer, True
+        language, _ = detect_language(self.model, enc, self.model.tokenizer())
+        tokenizer = self.model.tokenizer(language, self.options.task)
+        if self._voice.voiced_seconds() >= LANGUAGE_VOICE_S or self._voice.pause_seconds() >= self.live.pause:
+            self._tokenizer = tokenizer
+        return tokenizer, self._tokenizer is not None
 
     def _event(self, kind: str, words, result: TranscriptionResult | None = None) -> StreamEvent:
         text = words_text(words)

@@ -45,6 +45,10 @@ class VoiceTrack:
         a, b = start // WINDOW, None if end is None else -(-end // WINDOW)
         return bool((self.probabilities[a:b] >= self.options.threshold).any())
 
+    def voiced_seconds(self) -> float:
+        """Seconds of speech windows since the stream began."""
+        return float(np.count_nonzero(self.probabilities >= self.options.threshold)) * WINDOW / SAMPLE_RATE
+
     def pause_start(self) -> int | None:
         """Where the trailing silence begins (a sample), or None while the last scored window is voice: the
         end of the last window at or above the silence threshold, after the last speech window."""

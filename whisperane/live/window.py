@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio import HOP_LENGTH, N_FRAMES, AudioStream
-from ..model import WhisperaneModel
+from ..model import EncodedWindow, WhisperaneModel
 from ..options import TranscribeOptions
 from ..tokenizer import Tokenizer
 from ..transcribe import Transcription, Window, Word
@@ -23,16 +23,21 @@ class BufferDecoding:
     segment_ends: frozenset[int]  # indices into ``words`` of each segment's last word
 
 
-def decode_buffer(model: WhisperaneModel, samples: np.ndarray, options: TranscribeOptions, tokenizer: Tokenizer,
-                  prompt: str) -> BufferDecoding:  # fmt: skip
-    """Decode ``samples`` (at most 30 s) as one window, prompted with ``prompt`` (text before the buffer)."""
+def encode_buffer(model: WhisperaneModel, samples: np.ndarray) -> EncodedWindow:
+    """The encoding of ``samples`` (at most 30 s) as one window."""
+    return model.encode(model.log_mel(samples))
+
+
+def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: EncodedWindow, options: TranscribeOptions,
+                  tokenizer: Tokenizer, prompt: str) -> BufferDecoding:  # fmt: skip
+    """Decode ``samples`` (at most 30 s; ``enc`` its encoding) as one window, prompted with ``prompt`` (the
+    text before the buffer)."""
     size = min(N_FRAMES, len(samples) // HOP_LENGTH)
     if size == 0:
         return BufferDecoding((), frozenset())
     loop = Transcription(model, AudioStream.from_array(samples, name="<stream>"), options, None)
     loop.begin(tokenizer, None)
     loop.all_tokens[:] = tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
-    enc = model.encode(model.log_mel(samples))
     loop.finish_window(Window(0, size, enc, samples))
     words: list[Word] = []
     ends: set[int] = set()
