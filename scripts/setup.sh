@@ -10,6 +10,12 @@ stamp=".venv/.whisperane-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum
 # PYTHONDONTWRITEBYTECODE is set (as on the CI machines) Python would compile every whisperane module at every start
 # (JFK, whole process: 0.38 -> 0.25 s of imports). Stale bytecode is never used: Python checks the source's mtime.
 compile_package() { .venv/bin/python -m compileall -q whisperane >/dev/null || true; }
+# The server's page is tested in a real browser (tests/test_server_page.py): Debian's Chromium, installed where
+# apt can (as root); elsewhere those tests skip, saying why.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || echo "setup: chromium not installed; the page tests will skip" >&2
+fi
 if [ -f "$stamp" ]; then compile_package; exit 0; fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
