@@ -211,7 +211,10 @@ class SeekLoop:
         """Keep the window's segments (never ending past the window's audio, never empty) and move ``seek`` on: past the
         window's start, unless the seek guard ``resumed`` there (it decodes a window again once, without the
         prompt, and never guards that window again)."""
-        end = min(self.stream.n_samples, w.seek * HOP_LENGTH + len(w.samples)) / SAMPLE_RATE  # the window's audio
+        # the window's audio: to the end of the stream for its last window (whose partial last frame it holds),
+        # else to its last frame
+        end = self.stream.n_samples if w.seek + w.size >= self.content_frames else (w.seek + w.size) * HOP_LENGTH
+        end /= SAMPLE_RATE
         last_word_end = get_end(segments) if self.options.word_timestamps else None
         if last_word_end is not None:  # of the kept segments: a resumed window is aligned again after them
             self.last_speech_timestamp = last_word_end
