@@ -292,7 +292,7 @@ def test_websocket_events_equal_the_engines_for_the_same_feeds(url, models):
     from websockets.sync.client import connect
 
     pcm = b"".join(_pcm_chunks(ENGLISH[1]))  # "Stuff it into you, his belly counselled him", 3.3 s
-    engine = models["tiny.en"].stream()
+    engine = whisperane.LiveTranscriber(models["tiny.en"])
     samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
     expected = [(e.type, e.text) for e in engine.feed(samples) + engine.finish()]
     with connect(url.replace("http", "ws") + "/v1/audio/live") as ws:
