@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "whisperane" / "bench"))
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--model", default="tiny.en")
+    parser.add_argument("--greedy-only", action="store_true", help="the two greedy configurations alone")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"{datetime.date.today()}-guard.md"))
     args = parser.parse_args()
     import whisperane
@@ -77,7 +78,7 @@ def main() -> None:
              f"2 threads, word timestamps on, load at start {loadavg()}", "",
              "| configuration | WER % | clips without words | wall s | CPU s | VAD runs | VAD CPU s |",
              "|---|---|---|---|---|---|---|"]
-    for label, compute_type, beam, guard in CONFIGS:
+    for label, compute_type, beam, guard in [c for c in CONFIGS if not (args.greedy_only and c[2])]:
         if compute_type not in models:
             models[compute_type] = whisperane.load_model(args.model, threads=2, compute_type=compute_type)
         vad.reset()

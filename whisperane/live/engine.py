@@ -153,7 +153,8 @@ class LiveTranscriber:
         if self._has_voice(last_update):
             enc = encode_buffer(self.model, self._buffer)
             tokenizer, settled = self._language(enc)
-            decoding = decode_buffer(self.model, self._buffer, enc, self.options, tokenizer, self._prompt())
+            voiced = self._voice.voiced_frames(self._buffer_start)
+            decoding = decode_buffer(self.model, self._buffer, enc, self.options, tokenizer, self._prompt(), voiced)
             offset = self._buffer_start / SAMPLE_RATE
             words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability) for w in decoding.words]
             ends = {words[i].end for i in decoding.segment_ends}

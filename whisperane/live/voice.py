@@ -46,6 +46,18 @@ class VoiceTrack:
         a, b = start // WINDOW, None if end is None else -(-end // WINDOW)
         return bool((self.probabilities[a:b] >= self.options.threshold).any())
 
+    def voiced_frames(self, start: int) -> list[tuple[int, int]]:
+        """The voiced runs (vad.VOICED) from sample ``start`` on, in mel frames from ``start``: what the seek
+        loop's voice check asks of a buffer that begins there."""
+        from ..audio import HOP_LENGTH
+        from ..vad.regions import VOICED, speech_regions
+
+        first = start // WINDOW
+        regions = speech_regions(self.probabilities[first:], self.scored_samples - first * WINDOW, VOICED)
+        offset = first * WINDOW - start
+        runs = [(max(0, (offset + r.start) // HOP_LENGTH), -(-(offset + r.end) // HOP_LENGTH)) for r in regions]
+        return [(a, b) for a, b in runs if b > a]
+
     def voiced_seconds(self) -> float:
         """Seconds of speech windows since the stream began."""
         return float(np.count_nonzero(self.probabilities >= self.options.threshold)) * WINDOW / SAMPLE_RATE

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio import HOP_LENGTH, N_FRAMES, AudioStream
+from ..longform.guard import VoiceRegions
 from ..longform.seek import SeekLoop
 from ..longform.window import Window
 from ..options import TranscribeOptions
@@ -32,13 +33,17 @@ def encode_buffer(model: WhisperaneModel, samples: np.ndarray) -> CrossAttention
 
 
 def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttention, options: TranscribeOptions,
-                  tokenizer: Tokenizer, prompt: str) -> BufferDecoding:
+                  tokenizer: Tokenizer, prompt: str, voiced: list[tuple[int, int]] | None = None) -> BufferDecoding:
     """Decode ``samples`` (at most 30 s; ``enc`` its encoding) as one window, prompted with ``prompt`` (the
-    text before the buffer)."""
+    text before the buffer). ``voiced``: the buffer's voiced runs (mel frames): words are kept only where there
+    is voice (longform.voiced), as in a file's default mode; the next update decodes the buffer again, so a
+    window is never decoded twice here."""
     size = min(N_FRAMES, len(samples) // HOP_LENGTH)
     if size == 0:
         return BufferDecoding((), frozenset())
-    loop = SeekLoop(model, AudioStream.from_array(samples, name="<stream>"), options, None)
+    voice = VoiceRegions(voiced) if voiced is not None else None
+    loop = SeekLoop(model, AudioStream.from_array(samples, name="<stream>"), options, None, voice, voiced_words=True)
+    loop.resumed.add(0)  # the one window: checked, never decoded again
     loop.begin(tokenizer, None, previous_text=tokenizer.encode(" " + prompt.strip()) if prompt.strip() else [])
     loop.finish_window(Window(0, size, enc, samples))
     words: list[Word] = []

@@ -20,6 +20,11 @@ from .window import Window
 GUARD_MIN_SPEECH_FRAMES = 150
 
 
+# Voice after a window's last word that the seek passes over: 0.5 s, a word or two, is speech lost at the end of
+# a sentence (the decoding ended it early on a timestamp); DTW's last word ends at most a few frames early.
+GUARD_TAIL_MIN_FRAMES = 50
+
+
 # A resumed decoding starts this far ahead of the voice it found without words (when that is later than the last
 # kept segment's end): the stretch before holds no word and no voice, and a window that begins with seconds of
 # digital silence before the voice can make the model write a sentence several times into the silence. The
@@ -138,20 +143,23 @@ def resume_before(w: Window, segments: list[dict], gap_start: int, gap_end: int,
 
 
 def resume_point(check: VoiceCheck | None, resumed: set[int], w: Window, segments: list[dict],
-                 seek: int) -> Resume | None:
+                 seek: int, tail_min_frames: int = GUARD_MIN_SPEECH_FRAMES) -> Resume | None:
     """The seek guard: where to decode again (without the prompt) when GUARD_MIN_SPEECH_FRAMES of voiced
     audio between the window's start and the next seek produced no word (openai's rule would skip it: a
     decoding that stopped early on a timestamp, or jumped over speech): the end of the last segment before
     that gap, or the window's start. ``check`` says where the voice is (None: no guard). At most once per
-    window: not for a window the guard started (``resumed``: their seeks)."""
+    window: not for a window the guard started (``resumed``: their seeks). ``tail_min_frames``: the voice that
+    suffices after the last word (GUARD_TAIL_MIN_FRAMES in the default mode)."""
     if check is None or w.seek in resumed or seek <= w.seek:
         return None
     previous_end = 0
-    for start, end in [*sorted(heard_frames(segments, w.seek)), (seek - w.seek, seek - w.seek)]:
+    spans = sorted(heard_frames(segments, w.seek))
+    for i, (start, end) in enumerate([*spans, (seek - w.seek, seek - w.seek)]):
         gap_end = min(max(start, previous_end), seek - w.seek)
-        if gap_end - previous_end >= GUARD_MIN_SPEECH_FRAMES:
+        least = tail_min_frames if i == len(spans) else GUARD_MIN_SPEECH_FRAMES
+        if gap_end - previous_end >= least:
             voice = check.voice(w, previous_end, gap_end)
-            if voice.frames >= GUARD_MIN_SPEECH_FRAMES:
+            if voice.frames >= least:
                 return resume_before(w, segments, previous_end, gap_end, voice.onset)
         previous_end = max(previous_end, end)
     return None

@@ -23,8 +23,9 @@ from ..result import Segment, TranscriptionResult, result_from_segments, segment
 from ..runtime.decoder import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
-from .guard import VoiceCheck, VoiceRegions, resume_point
+from .guard import GUARD_MIN_SPEECH_FRAMES, GUARD_TAIL_MIN_FRAMES, VoiceCheck, VoiceRegions, resume_point
 from .hallucinations import get_end, skip_hallucinations
+from .voiced import check_segments, voice_in_silence
 from .window import Window, clip_ranges, read_window
 from .words import add_words, instants_onto_voice, trim_words_to_sound
 
@@ -57,7 +58,8 @@ class SeekLoop:
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
                  progress: Callable[[float, float], None] | None, voice: VoiceCheck | None = None,
-                 file_peak: float | None = None, on_segment: Callable[[Segment], None] | None = None):
+                 file_peak: float | None = None, on_segment: Callable[[Segment], None] | None = None,
+                 voiced_words: bool = False):
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
         self.model, self.stream, self.options, self.progress = model, stream, options, progress
@@ -78,6 +80,9 @@ class SeekLoop:
         self.window_end: int | None = None  # where the guard ends the next window (the unheard stretch alone)
         self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
         self.on_segment = on_segment  # called with each kept segment (transcribe's hook for streamed results)
+        # words only where the voice check hears voice (longform.voiced): the default mode; batched mode and
+        # vad_filter decode the VAD's speech alone already
+        self.voiced_words = voiced_words and voice is not None
 
     @classmethod
     def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
@@ -173,6 +178,12 @@ class SeekLoop:
                                        self.window_index, [first] if first else [])
         self.window_index += 1
         if is_silence(result, options):
+            resume = voice_in_silence(self.voice, w) if self.voiced_words and w.seek not in self.resumed else None
+            if resume is not None:  # decoded again without the prompt: the voice and a second after it alone
+                self.resumed.add(resume.frame)
+                self.window_end, self.seek = resume.unheard_end, resume.frame
+                self.prompt_reset_since = len(self.all_tokens)
+                return
             self.seek = w.seek + w.size
             return
         segments, seek, single_timestamp_ending = split_segments(result, self.tokenizer, w.seek, w.size)
@@ -195,7 +206,12 @@ class SeekLoop:
                 if skipped:
                     self.seek = seek
                     return
-        resume = resume_point(self.voice, self.resumed, w, segments, seek)
+        resume = None
+        if self.voiced_words and options.word_timestamps:
+            segments, resume = check_segments(self.voice, w, segments, w.seek not in self.resumed)
+        alone = resume is not None  # the voice of the segment it replaces, decoded alone (longform.voiced)
+        tail = GUARD_TAIL_MIN_FRAMES if self.voiced_words else GUARD_MIN_SPEECH_FRAMES
+        resume = resume or resume_point(self.voice, self.resumed, w, segments, seek, tail)
         if resume is None:
             self._commit(w, result, segments, seek)
             return
@@ -203,7 +219,7 @@ class SeekLoop:
         # drop (a lane's or the file's first window), that would be much the same decoding (from the window's start,
         # or from a lead-in before the voice: it jumped over the same voice again), so the unheard stretch is
         # decoded alone, and the decoding cannot jump over it again.
-        if not self.prompt:
+        if alone or not self.prompt:
             self.window_end = resume.unheard_end
         segments = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
         self.resumed.add(resume.frame)
