@@ -49,6 +49,8 @@ def test_voice_inside_a_stretched_word_decodes_again_before_its_segment():
     """A decoding that stopped before the sentence's end: its last word stretched over the rest of the speech, to
     the window's last timestamp. Decoded again from before the segment, ending soon after its voice."""
     cut = _segment([(" He", 1.0, 1.3), (" could", 1.3, 1.6), (" wait", 1.6, 29.98)])
+    long_word = _segment([(" of", 1.0, 1.3), (" about", 1.3, 1.6), (" 1455.", 1.6, 3.0)])  # its own voice
+    assert _check([long_word], voiced_seconds=[(1.0, 3.0)]) == ([long_word], None)
     kept, resume = _check([cut], voiced_seconds=[(1.0, 4.5)])
     assert kept == [] and resume is not None
     assert resume.frame == 0  # the lead-in before the voice reaches the window's start

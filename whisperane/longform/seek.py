@@ -206,12 +206,14 @@ class SeekLoop:
                 if skipped:
                     self.seek = seek
                     return
-        resume = None
+        voiced = None
         if self.voiced_words and options.word_timestamps:
-            segments, resume = check_segments(self.voice, w, segments, w.seek not in self.resumed)
-        alone = resume is not None  # the voice of the segment it replaces, decoded alone (longform.voiced)
+            segments, voiced = check_segments(self.voice, w, segments, w.seek not in self.resumed)
         tail = GUARD_TAIL_MIN_FRAMES if self.voiced_words else GUARD_MIN_SPEECH_FRAMES
-        resume = resume or resume_point(self.voice, self.resumed, w, segments, seek, tail)
+        resume = resume_point(self.voice, self.resumed, w, segments, seek, tail)
+        # the earlier of the two: voice the guard finds before the segment the voice check decodes again comes first
+        alone = voiced is not None and (resume is None or voiced.frame <= resume.frame)
+        resume = voiced if alone else resume
         if resume is None:
             self._commit(w, result, segments, seek)
             return

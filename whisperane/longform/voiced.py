@@ -8,8 +8,8 @@ or a word longer than STRETCHED_MIN_S and twice the window's median word) is che
 own span, so the VAD runs on these stretches only:
 
 - no voice in it: the segment is dropped;
-- more voice inside a stretched word than one word holds (speech after it went undecoded): the window is decoded
-  again from before the segment, without the prompt, ending soon after that voice (``Resume``), once;
+- more voice inside a stretched word that runs to the window's end than one word holds (speech after it went
+  undecoded): the window is decoded again from before the segment, without the prompt, ending soon after that voice (``Resume``), once;
 - words of it with no voice near them (DTW's times, the text right): moved to the nearest edge of its voice.
 
 A window that openai's no-speech rule passes over is checked too (``voice_in_silence``): the last second of a
@@ -33,6 +33,9 @@ MIN_VOICE_FRAMES = 10
 STRETCHED_MIN_S = 1.0
 # Voice in a stretched word beyond the longest word (max_duration) that makes speech undecoded there.
 UNHEARD_MIN_FRAMES = 50
+# A stretched word hides undecoded speech where it runs to the window's last timestamp (a long word inside the
+# window, "1455." read as four syllables, holds its own voice).
+WINDOW_END_S = 0.5
 # A window decoded again ends this long after the voice of the segment it replaces.
 TAIL_FRAMES = 100
 
@@ -87,7 +90,8 @@ def check_segments(check: VoiceCheck, w: Window, segments: list[dict],
         if not words:
             kept.append(s)
             continue
-        unheard = sum(_unheard_voice(runs, w, x, max_duration) for x in words)
+        at_end = [x for x in words if x["end"] >= w.time_offset + w.duration - WINDOW_END_S]
+        unheard = sum(_unheard_voice(runs, w, x, max_duration) for x in at_end)
         if may_resume and unheard >= UNHEARD_MIN_FRAMES:
             start = _frames(w, s["start"])
             resume = resume_before(w, kept + [s], start, max(start + 1, runs[-1][1]), runs[0][0])
