@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE
+from ..audio import HOP_LENGTH, SAMPLE_RATE
+from ..vad.regions import VOICED, VadOptions, speech_regions
 from ..vad.regions import WINDOW_SAMPLES as WINDOW  # samples per speech probability (32 ms)
-from ..vad.regions import VadOptions
 from ..vad.silero import default_vad
 
 # Each new stretch is scored after this much audio before it, so that the model's recurrent state has settled
@@ -49,9 +49,6 @@ class VoiceTrack:
     def voiced_frames(self, start: int) -> list[tuple[int, int]]:
         """The voiced runs (vad.VOICED) from sample ``start`` on, in mel frames from ``start``: what the seek
         loop's voice check asks of a buffer that begins there."""
-        from ..audio import HOP_LENGTH
-        from ..vad.regions import VOICED, speech_regions
-
         first = start // WINDOW
         regions = speech_regions(self.probabilities[first:], self.scored_samples - first * WINDOW, VOICED)
         offset = first * WINDOW - start

@@ -83,6 +83,8 @@ class SeekLoop:
         # words only where the voice check hears voice (longform.voiced): the default mode; batched mode and
         # vad_filter decode the VAD's speech alone already
         self.voiced_words = voiced_words and voice is not None
+        # voice after the window's last word that sends the guard back (less in the default mode: longform.voiced)
+        self.tail_min_frames = GUARD_TAIL_MIN_FRAMES if self.voiced_words else GUARD_MIN_SPEECH_FRAMES
 
     @classmethod
     def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
@@ -209,8 +211,7 @@ class SeekLoop:
         voiced = None
         if self.voiced_words and options.word_timestamps:
             segments, voiced = check_segments(self.voice, w, segments, w.seek not in self.resumed)
-        tail = GUARD_TAIL_MIN_FRAMES if self.voiced_words else GUARD_MIN_SPEECH_FRAMES
-        resume = resume_point(self.voice, self.resumed, w, segments, seek, tail)
+        resume = resume_point(self.voice, self.resumed, w, segments, seek, self.tail_min_frames)
         # the earlier of the two: voice the guard finds before the segment the voice check decodes again comes first
         alone = voiced is not None and (resume is None or voiced.frame <= resume.frame)
         resume = voiced if alone else resume

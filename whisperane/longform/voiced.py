@@ -18,12 +18,14 @@ sentence before the noise that follows it is judged no speech with the noise, an
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..audio import FRAMES_PER_SECOND
 from ..timing import PUNCTUATION
 from .guard import GUARD_LEAD_IN_FRAMES, GUARD_TAIL_MIN_FRAMES, Resume, VoiceCheck, resume_before
 from .hallucinations import is_segment_anomaly
 from .window import Window
-from .words import median
+from .words import duration_limits
 
 # A word is heard when voice lies this close to it: DTW's edges and the VAD's onsets are both about this loose.
 NEAR_VOICE_FRAMES = 30
@@ -41,9 +43,8 @@ TAIL_FRAMES = 100
 
 
 def max_word_duration(segments: list[dict]) -> float:
-    """openai's max_duration of the window's words: twice their median duration, the median capped at 0.7 s."""
-    durations = [x["end"] - x["start"] for s in segments for x in s.get("words") or []]
-    return 2 * min(0.7, median(durations)) if durations else 0.0
+    """openai's max_duration over the window's words (words at an instant counted too)."""
+    return duration_limits(np.array([x["end"] - x["start"] for s in segments for x in s.get("words") or []]))[1]
 
 
 def is_suspect(segment: dict, max_duration: float) -> bool:

@@ -134,7 +134,11 @@ def instants_onto_voice(w: Window, segments: list[dict], voice: VoiceCheck) -> N
 def word_duration_limits(alignment: Sequence[WordTiming]) -> tuple[float, float]:
     """(median_duration, max_duration) of the window's words, as openai: median capped at 0.7 s, max = 2x."""
     durations = np.array([t.end - t.start for t in alignment], dtype=np.float64)
-    durations = durations[durations.nonzero()]
+    return duration_limits(durations[durations.nonzero()])
+
+
+def duration_limits(durations: np.ndarray) -> tuple[float, float]:
+    """openai's (median_duration, max_duration) of word durations: the median capped at 0.7 s, and twice that."""
     median_duration = min(0.7, median(durations)) if len(durations) > 0 else 0.0
     return median_duration, median_duration * 2
 
