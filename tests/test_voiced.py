@@ -70,10 +70,30 @@ def test_words_dtw_put_away_from_the_voice_move_onto_its_edge():
     segment = _segment([(" in", 1.0, 1.3), (" the", 1.3, 2.6), (" exhibition,", 3.4, 3.4)])
     kept, resume = _check([segment], voiced_seconds=[(1.0, 2.0)])
     assert resume is None and kept == [segment]
-    assert [(x["start"], x["end"]) for x in segment["words"]] == [(1.0, 1.3), (1.3, 2.6), (2.0, 2.0)]
+    # the words after the last heard one share its span, to the voice's end
+    assert [(x["start"], x["end"]) for x in segment["words"]] == [(1.0, 1.3), (1.3, 1.45), (1.45, 2.0)]
     early = _segment([(" So", 0.2, 0.2), (" he", 1.0, 1.2), (" went", 1.2, 3.0)])
     kept, resume = _check([early], voiced_seconds=[(1.0, 2.2)], may_resume=False)
     assert resume is None and [(x["start"], x["end"]) for x in early["words"]][0] == (1.0, 1.0)
+
+
+def _edges(segments, voiced_seconds):
+    frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
+    voiced.edges_onto_voice(VoiceRegions(frames), WINDOW, segments)
+    return [[(x["start"], x["end"]) for x in s["words"]] for s in segments]
+
+
+def test_edges_at_a_pause_move_onto_the_voice():
+    """DTW starts a clip's first word in the noise before it, and ends a sentence's last word in the noise after
+    it: the start goes to the voice's onset, the end to its end; words inside the voice keep DTW's times."""
+    assert _edges([_segment([(" He", 1.0, 1.3), (" could", 1.3, 1.6)])], [(0.9, 1.7)]) == [[(1.0, 1.3), (1.3, 1.6)]]
+    assert _edges([_segment([(" He", 0.4, 1.3), (" could", 1.3, 1.6)])], [(1.0, 1.6)]) == [[(1.0, 1.3), (1.3, 1.6)]]
+    # words before the onset share the first voiced word's span
+    assert _edges([_segment([(" It", 0.4, 0.9), (" was", 0.9, 1.4)])], [(1.0, 1.4)]) == [[(1.0, 1.16), (1.16, 1.4)]]
+    assert _edges([_segment([(" no", 2.0, 2.2), (" longer.", 2.2, 3.5)])], [(2.0, 2.8)]) == [[(2.0, 2.2), (2.2, 2.8)]]
+    # a stretched word inside a segment ("for" over the tones between two clips) starts at the voice after it
+    spread = _segment([(" modern,", 1.0, 1.6), (" for", 1.6, 6.1), (" although", 6.1, 6.6)])
+    assert _edges([spread], [(1.0, 1.6), (6.0, 6.6)]) == [[(1.0, 1.6), (6.0, 6.1), (6.1, 6.6)]]
 
 
 # --- end to end: clips framed by silence and noise ---------------------------------------------------------

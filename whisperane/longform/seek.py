@@ -25,7 +25,7 @@ from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 from .guard import GUARD_MIN_SPEECH_FRAMES, GUARD_TAIL_MIN_FRAMES, VoiceCheck, VoiceRegions, resume_point
 from .hallucinations import get_end, skip_hallucinations
-from .voiced import check_segments, voice_in_silence
+from .voiced import check_segments, edges_onto_voice, voice_in_silence
 from .window import Window, clip_ranges, read_window
 from .words import add_words, instants_onto_voice, trim_words_to_sound
 
@@ -240,6 +240,8 @@ class SeekLoop:
         if last_word_end is not None:  # of the kept segments: a resumed window is aligned again after them
             self.last_speech_timestamp = last_word_end
             trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
+            if self.voiced_words:
+                edges_onto_voice(self.voice, w, segments)
         for s in segments:
             s["end"] = min(s["end"], end)
             s["start"] = min(s["start"], s["end"])

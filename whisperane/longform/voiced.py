@@ -12,6 +12,10 @@ own span, so the VAD runs on these stretches only:
   undecoded): the window is decoded again from before the segment, without the prompt, ending soon after that voice (``Resume``), once;
 - words of it with no voice near them (DTW's times, the text right): moved to the nearest edge of its voice.
 
+DTW also draws a word's start back over the pause before it (into the noise, tones or silence between two
+sentences): the first word of every segment, and a stretched word, starts where the VAD hears its voice begin
+(``edges_onto_voice``; their ends likewise), as batched mode's first word after a cut does (``words.start_after_cut``).
+
 A window that openai's no-speech rule passes over is checked too (``voice_in_silence``): the last second of a
 sentence before the noise that follows it is judged no speech with the noise, and lost.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..audio import FRAMES_PER_SECOND
+from ..audio import FRAMES_PER_SECOND, HOP_LENGTH
 from ..timing import PUNCTUATION
 from .guard import GUARD_LEAD_IN_FRAMES, GUARD_TAIL_MIN_FRAMES, Resume, VoiceCheck, resume_before
 from .hallucinations import is_segment_anomaly
@@ -40,6 +44,14 @@ UNHEARD_MIN_FRAMES = 50
 WINDOW_END_S = 0.5
 # A window decoded again ends this long after the voice of the segment it replaces.
 TAIL_FRAMES = 100
+# The VAD runs from this far before a word's start (its state settles on the voice before, if the word starts in
+# voice) to this far after it, where a segment's first voice is looked for.
+ONSET_LEAD_FRAMES = 30
+ONSET_SPAN_FRAMES = 200
+# Silero scores 32 ms windows: a voiced window's start may lie up to 3 mel frames before the voice, which begins
+# at its first frame this much louder than the frames before the window (the pause's noise floor).
+ONSET_WINDOW_FRAMES = 3
+ONSET_RISE_DB = 6.0
 
 
 def max_word_duration(segments: list[dict]) -> float:
@@ -104,18 +116,93 @@ def check_segments(check: VoiceCheck, w: Window, segments: list[dict],
 
 
 def onto_voice(w: Window, segment: dict, runs: list[tuple[int, int]]) -> None:
-    """Words of a voiced segment that DTW put where no voice comes near (the last word at an instant after the
-    voice, a stretched word before it holding that word's voice) are moved to the nearest edge of the voice:
-    the text is the decoding's, only the time was wrong."""
-    first, last = (w.time_offset + f / FRAMES_PER_SECOND for f in (runs[0][0], runs[-1][1]))
-    for x in segment["words"]:
-        if _heard(runs, _frames(w, x["start"]), _frames(w, x["end"])):
+    """Words of a voiced segment that DTW put where no voice comes near (the last words at an instant after the
+    voice, a stretched word before them holding their voice) are moved onto the voice: the words after the last
+    heard word share its span, cut at the voice's end; any other to the nearest edge of the voice. The text is
+    the decoding's, only the time was wrong."""
+    words = segment["words"]
+    first, last = (round(w.time_offset + f / FRAMES_PER_SECOND, 2) for f in (runs[0][0], runs[-1][1]))
+    heard = [_heard(runs, _frames(w, x["start"]), _frames(w, x["end"])) for x in words]
+    tail = len(words)
+    while tail > 0 and not heard[tail - 1]:
+        tail -= 1
+    if 0 < tail < len(words) and words[tail - 1]["start"] < last:
+        _spread(words[tail - 1 :], words[tail - 1]["start"], last)
+        heard[tail:] = [True] * (len(words) - tail)
+    for x, is_heard in zip(words, heard, strict=True):
+        if is_heard:
             continue
         if x["end"] < first:
-            x["start"] = x["end"] = round(first, 2)
+            x["start"] = x["end"] = first
         else:
-            x["start"], x["end"] = round(min(x["start"], last), 2), round(last, 2)
-    segment["start"], segment["end"] = segment["words"][0]["start"], segment["words"][-1]["end"]
+            x["start"], x["end"] = min(x["start"], last), last
+    segment["start"], segment["end"] = words[0]["start"], words[-1]["end"]
+
+
+def edges_onto_voice(check: VoiceCheck, w: Window, segments: list[dict]) -> None:
+    """Words at a pause (after one: the start; before one: the end; a window's first and last words, and a
+    stretched word, both) whose edge lies where the VAD hears no voice: the start moved to the onset of the voice
+    after it, the end to the end of the voice before it, the words beyond that edge sharing the nearest word's
+    span by their characters."""
+    words = [x for s in segments for x in s.get("words") or []]
+    stretched = max(STRETCHED_MIN_S, max_word_duration(segments))
+    long = [x["end"] - x["start"] > stretched for x in words]
+    for i, x in enumerate(words):
+        if i == 0 or long[i] or words[i - 1]["end"] < x["start"]:
+            _start_onto_onset(check, w, words, i)
+    for i, x in reversed(list(enumerate(words))):
+        if i == len(words) - 1 or long[i] or words[i + 1]["start"] > x["end"]:
+            _end_onto_offset(check, w, words, i)
+    for s in segments:
+        if s.get("words"):
+            s["start"], s["end"] = s["words"][0]["start"], s["words"][-1]["end"]
+
+
+def _start_onto_onset(check: VoiceCheck, w: Window, words: list[dict], i: int) -> None:
+    start = _frames(w, words[i]["start"])
+    runs = check.runs(w, start - ONSET_LEAD_FRAMES, _frames(w, words[i]["end"]) + ONSET_SPAN_FRAMES)
+    if not runs or any(a <= start < b for a, b in runs):
+        return
+    onsets = [a for a, _ in runs if a > start]
+    if not onsets:
+        return
+    onset = round(w.time_offset + _rise(w, onsets[0]) / FRAMES_PER_SECOND, 2)
+    k = max(j for j in range(i, len(words)) if words[j]["start"] < onset)
+    if words[k]["end"] > onset:  # else the VAD's onset lies after the words it should start: not moved
+        _spread(words[i : k + 1], onset, words[k]["end"])
+
+
+def _end_onto_offset(check: VoiceCheck, w: Window, words: list[dict], i: int) -> None:
+    end = _frames(w, words[i]["end"])
+    runs = check.runs(w, _frames(w, words[i]["start"]) - ONSET_SPAN_FRAMES, end + ONSET_LEAD_FRAMES)
+    if not runs or any(a < end <= b for a, b in runs):
+        return
+    offsets = [b for _, b in runs if b < end]
+    if not offsets:
+        return
+    offset = round(w.time_offset + offsets[-1] / FRAMES_PER_SECOND, 2)
+    m = min(j for j in range(i + 1) if words[j]["end"] > offset)
+    if words[m]["start"] < offset:  # else the VAD's offset lies before the words it should end: not moved
+        _spread(words[m : i + 1], words[m]["start"], offset)
+
+
+def _spread(words: list[dict], start: float, end: float) -> None:
+    """``words`` given ``start``..``end``, each a share by its characters."""
+    lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in words)])
+    edges = start + (end - start) * lengths / lengths[-1]
+    for x, a, b in zip(words, edges[:-1], edges[1:], strict=True):
+        x["start"], x["end"] = round(float(a), 2), round(float(b), 2)
+
+
+def _rise(w: Window, onset: int) -> int:
+    """The first frame of the VAD's voiced window at ``onset`` louder by ONSET_RISE_DB than the pause before it."""
+    if onset < ONSET_LEAD_FRAMES or onset + ONSET_WINDOW_FRAMES > w.held_frames:
+        return onset
+    frames = w.samples[(onset - ONSET_LEAD_FRAMES) * HOP_LENGTH : (onset + ONSET_WINDOW_FRAMES) * HOP_LENGTH]
+    power = np.mean(frames.reshape(-1, HOP_LENGTH).astype(np.float64) ** 2, axis=1)
+    floor = float(np.median(power[:ONSET_LEAD_FRAMES]))
+    louder = np.flatnonzero(power[ONSET_LEAD_FRAMES:] > floor * 10 ** (ONSET_RISE_DB / 10))
+    return onset + int(louder[0]) if len(louder) else onset
 
 
 def voice_in_silence(check: VoiceCheck, w: Window) -> Resume | None:
