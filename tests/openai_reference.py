@@ -5,6 +5,10 @@ openai-whisper (``pip install --no-deps openai-whisper==20250625``, see scripts/
 seek rule, the fallback and the word timing to the original implementation rather than to a port of it.
 Audio is passed as a float32 16 kHz array: given a path, openai-whisper shells out to ffmpeg.
 
+openai-whisper's results on the long test files are stored (``STORED``, written by ``stored_result`` when
+asked to): a stored result is used only for the very samples and weights it was computed from (their sha256),
+else openai-whisper runs. Each file costs openai-whisper about as long as whisperane's own runs of it.
+
 Use it through session fixtures declared in the test module, e.g.::
 
     @pytest.fixture(scope="session")
@@ -14,7 +18,9 @@ Use it through session fixtures declared in the test module, e.g.::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -99,3 +105,42 @@ def openai_beam_search(
     default), a float alpha by Google NMT's ((5 + length) / 6) ** alpha."""
     return openai_transcribe(model, audio, beam_size=beam_size, patience=patience, length_penalty=length_penalty,
                              temperature=temperature, **options)
+
+
+STORED = Path(__file__).resolve().parent / "data" / "openai"
+
+
+def sha256_of(samples: np.ndarray, weights: Path) -> dict[str, str]:
+    """The identity of a result: the float32 samples and the checkpoint's weights file."""
+    digest = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
+    return {"samples": hashlib.sha256(samples.tobytes()).hexdigest(), "weights": digest.hexdigest()}
+
+
+def _kept(result: dict) -> dict:
+    """What the tests read of a result: its text and language, each segment's seek, times, text and words."""
+    segments = [{"seek": s["seek"], "start": s["start"], "end": s["end"], "text": s["text"],
+                 "words": [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in s.get("words") or []]}
+                for s in result["segments"]]
+    return {"text": result["text"], "language": result["language"], "segments": segments}
+
+
+def stored_result(name: str, samples: np.ndarray, weights: Path, compute: Callable[[], dict],
+                  write: bool = False) -> dict:
+    """openai-whisper's result for ``samples`` on ``weights``: the stored one where it was computed from the same
+    (``STORED / name``.json), else ``compute()``'s; ``write``: store what was computed."""
+    identity = sha256_of(samples, weights)
+    path = STORED / f"{name}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if stored["sha256"] == identity:
+            return stored["result"]
+    result = _kept(compute())
+    if write:
+        STORED.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"sha256": identity, "result": result}, ensure_ascii=False, indent=0) + "\n",
+                        encoding="utf-8")
+    return result

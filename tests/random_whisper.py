@@ -34,10 +34,8 @@ class RandomShape:
         return f"m{self.n_mels}-{self.vocabulary}-L{self.decoder_layers}-c{self.text_ctx}-s{self.seed}"
 
 
-# large-v3-turbo's shape (128 mel bins, the v3 vocabulary, 4 decoder layers) and distil-large-v3's (2 layers),
-# at a width that converts in seconds.
+# large-v3-turbo's shape (128 mel bins, the v3 vocabulary, 4 decoder layers), at a width that converts in seconds.
 TURBO = RandomShape(n_mels=128, vocabulary="v3", decoder_layers=4, seed=0)
-DISTIL = RandomShape(n_mels=128, vocabulary="v3", decoder_layers=2, seed=0)
 
 
 def v3_tokenizer(multilingual: dict) -> dict:

@@ -14,7 +14,7 @@ import pytest
 from conftest import CLIPS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from random_whisper import DISTIL, TURBO, RandomShape, write_random_checkpoint
+from random_whisper import TURBO, RandomShape, write_random_checkpoint
 
 from whisperane.audio import SAMPLE_RATE, load_audio
 
@@ -151,14 +151,15 @@ def test_random_cases(random_models):
     assert len(ran) == 8
 
 
-@pytest.mark.parametrize("shape", [TURBO, DISTIL], ids=["turbo-shaped", "distil-shaped"])
-def test_cli_transcribes_jfk_with_the_guard(shape, tmp_path, ct2_tiny_en_dir, ct2_base_dir, capsys):
-    """A new user's command on a converted large-v3-turbo-shaped (and distil-shaped) checkpoint: exit 0."""
+def test_cli_transcribes_jfk_with_the_guard(tmp_path, ct2_tiny_en_dir, ct2_base_dir, capsys):
+    """A new user's command on a converted large-v3-turbo-shaped checkpoint, where the crash was met: exit 0.
+    (Other decoder depths, distil-large-v3's two layers among them, go through the same conversion and loop:
+    FUZZ_SHAPES' 1-, 3- and 4-layer models, at a shorter context.)"""
     import json
 
     from whisperane import cli
 
-    source = write_random_checkpoint(shape, tmp_path / "source", ct2_tiny_en_dir, ct2_base_dir)
+    source = write_random_checkpoint(TURBO, tmp_path / "source", ct2_tiny_en_dir, ct2_base_dir)
     assert cli.main(["convert", str(source), "--out", str(tmp_path / "bundle")]) == 0
     argv = ["transcribe", str(CLIPS["jfk"].path), "--model", str(tmp_path / "bundle"),
             "--language", "en", "--temperature", "0", "--no-word-timestamps", "-o", "-"]

@@ -1,5 +1,5 @@
-"""Long-form transcription (60-120 s files, several 30 s windows) against openai-whisper itself and
-faster-whisper, all float32 on the same tiny.en weights.
+"""Long-form transcription (60-120 s files, several 30 s windows) against openai-whisper itself, both float32
+on the same tiny.en weights.
 
 The files (tests/longform.py) are English clips joined with ~1 s gaps, so every window boundary falls somewhere
 new and the seek rule, the previous-text prompt and the word alignment decide what each later window sees. The
@@ -14,13 +14,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import CORPUS_DIR
-from longform import LongAudio, build_long_audio, long_audio_name
-from openai_reference import DEFAULT_TEMPERATURES, load_openai_model, openai_transcribe
+from longform import DATA_ENGLISH_CLIPS, LongAudio, build_long_audio, english_clips, long_audio_name
+from openai_reference import DEFAULT_TEMPERATURES, load_openai_model, openai_transcribe, stored_result
 
 from whisperane.audio import FRAMES_PER_SECOND
 
@@ -33,10 +34,11 @@ CORPUS_PRESENT = (CORPUS_DIR / "manifest.jsonl").is_file()
 # (no corpus), whose files repeat each clip two or three times: seeds 3 and 2 match; on seeds 0 and 1 (silence)
 # faster-whisper itself departs from openai-whisper, and on seed 4 whisperane's first JFK word starts at 15.44 s
 # against openai's 15.46 s (faster-whisper matches) — measured 2026-12-01, left for an issue.
-LONG_FILES = (
-    [(0, 60, 80, None), (2, 60, 90, -50.0)] if CORPUS_PRESENT else [(3, 60, 80, None), (2, 60, 90, -50.0)]
-)
+CORPUS_LONG_FILES = [(0, 60, 80, None), (2, 60, 90, -50.0)]
+DATA_LONG_FILES = [(3, 60, 80, None), (2, 60, 90, -50.0)]
+LONG_FILES = CORPUS_LONG_FILES if CORPUS_PRESENT else DATA_LONG_FILES
 LONG_FILE_IDS = [long_audio_name(seed, noise) for seed, _, _, noise in LONG_FILES]
+DATA_CLIP_IDS = {Path(name).stem for name in DATA_ENGLISH_CLIPS}
 BOUNDARY_TOLERANCE = 0.01  # seconds: "the same boundary" at the 0.01 s the JSON reports
 
 # One row per segment: (seek in seconds, start, end, text).
@@ -59,13 +61,6 @@ def whisperane_tiny_en(tiny_en_bundle):
     return whisperane.load_model(tiny_en_bundle, compute_type="float32", threads=THREADS)
 
 
-@pytest.fixture(scope="module")
-def faster_tiny_en(ct2_tiny_en_dir):
-    from faster_whisper import WhisperModel
-
-    return WhisperModel(str(ct2_tiny_en_dir), device="cpu", compute_type="float32", cpu_threads=THREADS)
-
-
 @pytest.fixture(scope="module", params=LONG_FILES, ids=LONG_FILE_IDS)
 def long_audio(request) -> LongAudio:
     return build_long_audio(*request.param)
@@ -79,16 +74,23 @@ def _timed(label: str, audio: LongAudio, run: Callable[[], Any]) -> Any:
     return result
 
 
+def openai_result(audio: LongAudio, ct2_dir: Path, model: Callable[[], Any], write: bool = False) -> dict:
+    """openai-whisper's result for ``audio``: stored (openai_reference.stored_result), or run on ``model()``."""
+    return stored_result(f"{audio.name}-{'data' if set(audio.clip_ids) <= DATA_CLIP_IDS else 'corpus'}",
+                         audio.samples, ct2_dir / "model.bin",
+                         lambda: _timed("openai-whisper", audio, lambda: openai_transcribe(model(), audio.samples)),
+                         write)
+
+
 @pytest.fixture(scope="module")
-def openai_results(openai_tiny_en) -> Callable[[LongAudio], dict]:
-    """openai-whisper's result per file, computed once for the tests that compare against it."""
+def openai_results(request, ct2_tiny_en_dir) -> Callable[[LongAudio], dict]:
+    """openai-whisper's result per file, once for the tests that compare against it (openai-whisper loaded only
+    where a result is not stored)."""
     cache: dict[str, dict] = {}
 
     def result(audio: LongAudio) -> dict:
         if audio.name not in cache:
-            cache[audio.name] = _timed(
-                "openai-whisper", audio, lambda: openai_transcribe(openai_tiny_en, audio.samples)
-            )
+            cache[audio.name] = openai_result(audio, ct2_tiny_en_dir, lambda: request.getfixturevalue("openai_tiny_en"))
         return cache[audio.name]
 
     return result
@@ -163,28 +165,14 @@ def test_the_seek_guard_keeps_speech_openai_whisper_skips(long_audio, whisperane
     assert not openai_words - ours_words, f"openai's words missing: {openai_words - ours_words}"
 
 
-def test_faster_whisper_matches_openai_whisper(long_audio, faster_tiny_en, openai_results):
-    """faster-whisper float32 (greedy: beam_size 1) gives openai-whisper's transcript, segments and word times
-    to 0.01 s on these files, so the two references agree and either one checks whisperane.
+if __name__ == "__main__":
+    # Store openai-whisper's results on the long files, with the corpus and without it (tests/data's clips):
+    #   .venv/bin/python tests/test_longform.py   (from the repository root)
+    from whisperane.convert.sources import resolve_source
 
-    Measured: 8, 17 and 11 segments (173, 208 and 142 words) identical on the three files; faster-whisper's own
-    rules (its numpy log-mel, CTranslate2's float32 kernels, its no-speech check order) changed nothing here."""
-    theirs = openai_results(long_audio)
-
-    def run():
-        segments, _ = faster_tiny_en.transcribe(
-            long_audio.samples, beam_size=1, best_of=5, temperature=list(DEFAULT_TEMPERATURES),
-            condition_on_previous_text=True, word_timestamps=True)
-        return list(segments)
-
-    segments = _timed("faster-whisper", long_audio, run)
-    rows = [(s.seek / FRAMES_PER_SECOND, s.start, s.end, s.text) for s in segments]
-    divergence = _divergence(rows, _openai_rows(theirs), "faster-whisper")
-    assert not divergence, divergence
-    assert "".join(s.text for s in segments) == theirs["text"]
-    words = np.array([(w.start, w.end) for s in segments for w in s.words])
-    openai_words = np.array([(w["start"], w["end"]) for s in theirs["segments"] for w in s["words"]])
-    assert [w.word for s in segments for w in s.words] == [
-        w["word"] for s in theirs["segments"] for w in s["words"]
-    ]
-    assert np.abs(words - openai_words).max() < BOUNDARY_TOLERANCE
+    ct2_dir = resolve_source("tiny.en", progress=False).path
+    model = load_openai_model(ct2_dir, threads=THREADS)
+    files = [(spec, None) for spec in CORPUS_LONG_FILES if CORPUS_PRESENT]
+    files += [(spec, english_clips(Path("/nonexistent"))) for spec in DATA_LONG_FILES]
+    for spec, clips in files:
+        openai_result(build_long_audio(*spec, clips=clips), ct2_dir, lambda: model, write=True)
