@@ -29,7 +29,7 @@ from ..timing import PUNCTUATION
 from .guard import GUARD_LEAD_IN_FRAMES, GUARD_TAIL_MIN_FRAMES, Resume, VoiceCheck, resume_before
 from .hallucinations import is_segment_anomaly
 from .window import Window
-from .words import duration_limits
+from .words import duration_limits, spread_by_characters
 
 # A word is heard when voice lies this close to it: DTW's edges and the VAD's onsets are both about this loose.
 NEAR_VOICE_FRAMES = 30
@@ -44,10 +44,12 @@ UNHEARD_MIN_FRAMES = 50
 WINDOW_END_S = 0.5
 # A window decoded again ends this long after the voice of the segment it replaces.
 TAIL_FRAMES = 100
-# The VAD runs from this far before a word's start (its state settles on the voice before, if the word starts in
-# voice) to this far after it, where a segment's first voice is looked for.
-ONSET_LEAD_FRAMES = 30
-ONSET_SPAN_FRAMES = 200
+# The VAD hears a word at a pause from this far before it (its state settles on the voice before, if the word
+# starts in voice) to this far after it; a voice onset is refined against this much of the pause before it.
+EDGE_MARGIN_FRAMES = 30
+# Words this far apart have a pause between them (DTW gives words in a sentence abutting times; a shorter pause
+# moves no edge far).
+PAUSE_S = 0.3
 # Silero scores 32 ms windows: a voiced window's start may lie up to 3 mel frames before the voice, which begins
 # at its first frame this much louder than the frames before the window (the pause's noise floor).
 ONSET_WINDOW_FRAMES = 3
@@ -127,7 +129,7 @@ def onto_voice(w: Window, segment: dict, runs: list[tuple[int, int]]) -> None:
     while tail > 0 and not heard[tail - 1]:
         tail -= 1
     if 0 < tail < len(words) and words[tail - 1]["start"] < last:
-        _spread(words[tail - 1 :], words[tail - 1]["start"], last)
+        spread_by_characters(words[tail - 1 :], words[tail - 1]["start"], last)
         heard[tail:] = [True] * (len(words) - tail)
     for x, is_heard in zip(words, heard, strict=True):
         if is_heard:
@@ -143,65 +145,73 @@ def edges_onto_voice(check: VoiceCheck, w: Window, segments: list[dict]) -> None
     """Words at a pause (after one: the start; before one: the end; a window's first and last words, and a
     stretched word, both) whose edge lies where the VAD hears no voice: the start moved to the onset of the voice
     after it, the end to the end of the voice before it, the words beyond that edge sharing the nearest word's
-    span by their characters."""
+    span by their characters. The VAD hears each word in question once, with EDGE_MARGIN_FRAMES either side."""
     words = [x for s in segments for x in s.get("words") or []]
     stretched = max(STRETCHED_MIN_S, max_word_duration(segments))
     long = [x["end"] - x["start"] > stretched for x in words]
-    for i, x in enumerate(words):
-        if i == 0 or long[i] or words[i - 1]["end"] < x["start"]:
-            _start_onto_onset(check, w, words, i)
-    for i, x in reversed(list(enumerate(words))):
-        if i == len(words) - 1 or long[i] or words[i + 1]["start"] > x["end"]:
-            _end_onto_offset(check, w, words, i)
+    at_start = [i == 0 or long[i] or x["start"] - words[i - 1]["end"] >= PAUSE_S for i, x in enumerate(words)]
+    at_end = [i == len(words) - 1 or long[i] or at_start[i + 1] for i in range(len(words))]
+    spans = [_span(w, x) for x, a, b, s in zip(words, at_start, at_end, long, strict=True) if (a or b) and not s]
+    shared = _runs_over(check, w, spans)
+    # a stretched word heard alone: Silero's state after the voice before it hears that voice on into the tones
+    # or noise the word was stretched over
+    runs = [check.runs(w, *_span(w, x)) if s else shared for x, s in zip(words, long, strict=True)]
+    for i in range(len(words)):
+        if at_start[i]:
+            _start_onto_onset(runs[i], w, words, i)
+    for i in reversed(range(len(words))):
+        if at_end[i]:
+            _end_onto_offset(runs[i], w, words, i)
     for s in segments:
         if s.get("words"):
             s["start"], s["end"] = s["words"][0]["start"], s["words"][-1]["end"]
 
 
-def _start_onto_onset(check: VoiceCheck, w: Window, words: list[dict], i: int) -> None:
-    start = _frames(w, words[i]["start"])
-    runs = check.runs(w, start - ONSET_LEAD_FRAMES, _frames(w, words[i]["end"]) + ONSET_SPAN_FRAMES)
-    if not runs or any(a <= start < b for a, b in runs):
-        return
-    onsets = [a for a, _ in runs if a > start]
-    if not onsets:
+def _span(w: Window, word: dict) -> tuple[int, int]:
+    return _frames(w, word["start"]) - EDGE_MARGIN_FRAMES, _frames(w, word["end"]) + EDGE_MARGIN_FRAMES
+
+
+def _runs_over(check: VoiceCheck, w: Window, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The voiced runs of the stretches ``spans``, overlapping ones heard as one."""
+    merged: list[list[int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [run for a, b in merged for run in check.runs(w, a, b)]
+
+
+def _start_onto_onset(runs: list[tuple[int, int]], w: Window, words: list[dict], i: int) -> None:
+    start, end = _frames(w, words[i]["start"]), _frames(w, words[i]["end"]) + EDGE_MARGIN_FRAMES
+    onsets = [a for a, _ in runs if start < a < end]
+    if any(a <= start < b for a, b in runs) or not onsets:
         return
     onset = round(w.time_offset + _rise(w, onsets[0]) / FRAMES_PER_SECOND, 2)
     k = max(j for j in range(i, len(words)) if words[j]["start"] < onset)
     if words[k]["end"] > onset:  # else the VAD's onset lies after the words it should start: not moved
-        _spread(words[i : k + 1], onset, words[k]["end"])
+        spread_by_characters(words[i : k + 1], onset, words[k]["end"])
 
 
-def _end_onto_offset(check: VoiceCheck, w: Window, words: list[dict], i: int) -> None:
-    end = _frames(w, words[i]["end"])
-    runs = check.runs(w, _frames(w, words[i]["start"]) - ONSET_SPAN_FRAMES, end + ONSET_LEAD_FRAMES)
-    if not runs or any(a < end <= b for a, b in runs):
-        return
-    offsets = [b for _, b in runs if b < end]
-    if not offsets:
+def _end_onto_offset(runs: list[tuple[int, int]], w: Window, words: list[dict], i: int) -> None:
+    start, end = _frames(w, words[i]["start"]) - EDGE_MARGIN_FRAMES, _frames(w, words[i]["end"])
+    offsets = [b for _, b in runs if start < b < end]
+    if any(a < end <= b for a, b in runs) or not offsets:
         return
     offset = round(w.time_offset + offsets[-1] / FRAMES_PER_SECOND, 2)
     m = min(j for j in range(i + 1) if words[j]["end"] > offset)
     if words[m]["start"] < offset:  # else the VAD's offset lies before the words it should end: not moved
-        _spread(words[m : i + 1], words[m]["start"], offset)
-
-
-def _spread(words: list[dict], start: float, end: float) -> None:
-    """``words`` given ``start``..``end``, each a share by its characters."""
-    lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in words)])
-    edges = start + (end - start) * lengths / lengths[-1]
-    for x, a, b in zip(words, edges[:-1], edges[1:], strict=True):
-        x["start"], x["end"] = round(float(a), 2), round(float(b), 2)
+        spread_by_characters(words[m : i + 1], words[m]["start"], offset)
 
 
 def _rise(w: Window, onset: int) -> int:
     """The first frame of the VAD's voiced window at ``onset`` louder by ONSET_RISE_DB than the pause before it."""
-    if onset < ONSET_LEAD_FRAMES or onset + ONSET_WINDOW_FRAMES > w.held_frames:
+    if onset < EDGE_MARGIN_FRAMES or onset + ONSET_WINDOW_FRAMES > w.held_frames:
         return onset
-    frames = w.samples[(onset - ONSET_LEAD_FRAMES) * HOP_LENGTH : (onset + ONSET_WINDOW_FRAMES) * HOP_LENGTH]
+    frames = w.samples[(onset - EDGE_MARGIN_FRAMES) * HOP_LENGTH : (onset + ONSET_WINDOW_FRAMES) * HOP_LENGTH]
     power = np.mean(frames.reshape(-1, HOP_LENGTH).astype(np.float64) ** 2, axis=1)
-    floor = float(np.median(power[:ONSET_LEAD_FRAMES]))
-    louder = np.flatnonzero(power[ONSET_LEAD_FRAMES:] > floor * 10 ** (ONSET_RISE_DB / 10))
+    floor = float(np.median(power[:EDGE_MARGIN_FRAMES]))
+    louder = np.flatnonzero(power[EDGE_MARGIN_FRAMES:] > floor * 10 ** (ONSET_RISE_DB / 10))
     return onset + int(louder[0]) if len(louder) else onset
 
 

@@ -124,11 +124,16 @@ def instants_onto_voice(w: Window, segments: list[dict], voice: VoiceCheck) -> N
         a, b = min(runs, key=lambda r: max(r[0] - instant, instant - r[1], 0), default=(0, 0))
         if b - a < INSTANT_MIN_VOICE_FRAMES:
             continue
-        lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in own)])
-        edges = w.time_offset + (a + (b - a) * lengths / lengths[-1]) / FRAMES_PER_SECOND
-        for x, word_start, word_end in zip(own, edges[:-1], edges[1:], strict=True):
-            x["start"], x["end"] = round(float(word_start), 2), round(float(word_end), 2)
+        spread_by_characters(own, w.time_offset + a / FRAMES_PER_SECOND, w.time_offset + b / FRAMES_PER_SECOND)
         s["start"], s["end"] = own[0]["start"], own[-1]["end"]
+
+
+def spread_by_characters(words: list[dict], start: float, end: float) -> None:
+    """``words`` given ``start``..``end``, each a share by its characters (one at least)."""
+    lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in words)])
+    edges = start + (end - start) * lengths / lengths[-1]
+    for x, word_start, word_end in zip(words, edges[:-1], edges[1:], strict=True):
+        x["start"], x["end"] = round(float(word_start), 2), round(float(word_end), 2)
 
 
 def word_duration_limits(alignment: Sequence[WordTiming]) -> tuple[float, float]:
