@@ -111,13 +111,12 @@ STORED = Path(__file__).resolve().parent / "data" / "openai"
 
 
 def sha256_of(samples: np.ndarray, weights: Path) -> dict[str, str]:
-    """The identity of a result: the float32 samples and the checkpoint's weights file."""
-    digest = hashlib.sha256()
-    with open(weights, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    """The identity of a result: the float32 samples and the checkpoint's weights file (its hash remembered for
+    the process: every long file shares it)."""
+    from whisperane.convert.sources import file_sha256
+
     samples = np.ascontiguousarray(samples, dtype=np.float32)
-    return {"samples": hashlib.sha256(samples.tobytes()).hexdigest(), "weights": digest.hexdigest()}
+    return {"samples": hashlib.sha256(samples.tobytes()).hexdigest(), "weights": file_sha256(weights)}
 
 
 def _kept(result: dict) -> dict:

@@ -66,7 +66,7 @@ def transcribe(
             peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return SeekLoop(model, stream, options, progress, voice, peak, on_segment, voiced_words=voice is not None).run()
+        return SeekLoop(model, stream, options, progress, voice, peak, on_segment, voiced_words=True).run()
     finally:
         if stream is not audio:
             stream.close()

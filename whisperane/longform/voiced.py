@@ -13,8 +13,9 @@ own span, so the VAD runs on these stretches only:
 - words of it with no voice near them (DTW's times, the text right): moved to the nearest edge of its voice.
 
 DTW also draws a word's start back over the pause before it (into the noise, tones or silence between two
-sentences): the first word of every segment, and a stretched word, starts where the VAD hears its voice begin
-(``edges_onto_voice``; their ends likewise), as batched mode's first word after a cut does (``words.start_after_cut``).
+sentences), and a sentence's last words out into the pause after it: a word at a pause, and a stretched word,
+starts where the VAD hears its voice begin and ends where it ends (``edges_onto_voice``), as batched mode's first
+word after a cut does (``words.start_after_cut``).
 
 A window that openai's no-speech rule passes over is checked too (``voice_in_silence``): the last second of a
 sentence before the noise that follows it is judged no speech with the noise, and lost.
@@ -69,10 +70,6 @@ def is_suspect(segment: dict, max_duration: float) -> bool:
             or not any(x["word"].strip().strip(PUNCTUATION) for x in words))
 
 
-def _frames(w: Window, t: float) -> int:
-    return round((t - w.time_offset) * FRAMES_PER_SECOND)
-
-
 def _heard(runs: list[tuple[int, int]], a: int, b: int) -> bool:
     return any(r0 < b + NEAR_VOICE_FRAMES and r1 > a - NEAR_VOICE_FRAMES for r0, r1 in runs)
 
@@ -82,7 +79,7 @@ def _unheard_voice(runs: list[tuple[int, int]], w: Window, word: dict, max_durat
     stretched). Counted over the whole word: DTW stretches a word's start back over a pause as often as its end."""
     if word["end"] - word["start"] <= max(STRETCHED_MIN_S, max_duration):
         return 0
-    a, b = _frames(w, word["start"]), _frames(w, word["end"])
+    a, b = w.frame(word["start"]), w.frame(word["end"])
     voiced = sum(max(0, min(b, r1) - max(a, r0)) for r0, r1 in runs)
     return max(0, voiced - round(max_duration * FRAMES_PER_SECOND))
 
@@ -99,7 +96,7 @@ def check_segments(check: VoiceCheck, w: Window, segments: list[dict],
             continue
         words = s.get("words") or []
         start, end = (words[0]["start"], words[-1]["end"]) if words else (s["start"], s["end"])
-        runs = check.runs(w, _frames(w, start) - NEAR_VOICE_FRAMES, _frames(w, end) + NEAR_VOICE_FRAMES)
+        runs = check.runs(w, w.frame(start) - NEAR_VOICE_FRAMES, w.frame(end) + NEAR_VOICE_FRAMES)
         if sum(b - a for a, b in runs) < MIN_VOICE_FRAMES:
             continue  # written into silence or noise
         if not words:
@@ -108,7 +105,7 @@ def check_segments(check: VoiceCheck, w: Window, segments: list[dict],
         at_end = [x for x in words if x["end"] >= w.time_offset + w.duration - WINDOW_END_S]
         unheard = sum(_unheard_voice(runs, w, x, max_duration) for x in at_end)
         if may_resume and unheard >= UNHEARD_MIN_FRAMES:
-            start = _frames(w, s["start"])
+            start = w.frame(s["start"])
             resume = resume_before(w, kept + [s], start, max(start + 1, runs[-1][1]), runs[0][0])
             end = min(w.seek + runs[-1][1] + TAIL_FRAMES, w.seek + w.size)
             return kept, Resume(resume.frame, max(end, resume.frame + GUARD_LEAD_IN_FRAMES))
@@ -123,8 +120,8 @@ def onto_voice(w: Window, segment: dict, runs: list[tuple[int, int]]) -> None:
     heard word share its span, cut at the voice's end; any other to the nearest edge of the voice. The text is
     the decoding's, only the time was wrong."""
     words = segment["words"]
-    first, last = (round(w.time_offset + f / FRAMES_PER_SECOND, 2) for f in (runs[0][0], runs[-1][1]))
-    heard = [_heard(runs, _frames(w, x["start"]), _frames(w, x["end"])) for x in words]
+    first, last = (round(w.time(f), 2) for f in (runs[0][0], runs[-1][1]))
+    heard = [_heard(runs, w.frame(x["start"]), w.frame(x["end"])) for x in words]
     tail = len(words)
     while tail > 0 and not heard[tail - 1]:
         tail -= 1
@@ -168,7 +165,7 @@ def edges_onto_voice(check: VoiceCheck, w: Window, segments: list[dict]) -> None
 
 
 def _span(w: Window, word: dict) -> tuple[int, int]:
-    return _frames(w, word["start"]) - EDGE_MARGIN_FRAMES, _frames(w, word["end"]) + EDGE_MARGIN_FRAMES
+    return w.frame(word["start"]) - EDGE_MARGIN_FRAMES, w.frame(word["end"]) + EDGE_MARGIN_FRAMES
 
 
 def _runs_over(check: VoiceCheck, w: Window, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -183,22 +180,22 @@ def _runs_over(check: VoiceCheck, w: Window, spans: list[tuple[int, int]]) -> li
 
 
 def _start_onto_onset(runs: list[tuple[int, int]], w: Window, words: list[dict], i: int) -> None:
-    start, end = _frames(w, words[i]["start"]), _frames(w, words[i]["end"]) + EDGE_MARGIN_FRAMES
+    start, end = w.frame(words[i]["start"]), w.frame(words[i]["end"]) + EDGE_MARGIN_FRAMES
     onsets = [a for a, _ in runs if start < a < end]
     if any(a <= start < b for a, b in runs) or not onsets:
         return
-    onset = round(w.time_offset + _rise(w, onsets[0]) / FRAMES_PER_SECOND, 2)
+    onset = round(w.time(_rise(w, onsets[0])), 2)
     k = max(j for j in range(i, len(words)) if words[j]["start"] < onset)
     if words[k]["end"] > onset:  # else the VAD's onset lies after the words it should start: not moved
         spread_by_characters(words[i : k + 1], onset, words[k]["end"])
 
 
 def _end_onto_offset(runs: list[tuple[int, int]], w: Window, words: list[dict], i: int) -> None:
-    start, end = _frames(w, words[i]["start"]) - EDGE_MARGIN_FRAMES, _frames(w, words[i]["end"])
+    start, end = w.frame(words[i]["start"]) - EDGE_MARGIN_FRAMES, w.frame(words[i]["end"])
     offsets = [b for _, b in runs if start < b < end]
     if any(a < end <= b for a, b in runs) or not offsets:
         return
-    offset = round(w.time_offset + offsets[-1] / FRAMES_PER_SECOND, 2)
+    offset = round(w.time(offsets[-1]), 2)
     m = min(j for j in range(i + 1) if words[j]["end"] > offset)
     if words[m]["start"] < offset:  # else the VAD's offset lies before the words it should end: not moved
         spread_by_characters(words[m : i + 1], words[m]["start"], offset)

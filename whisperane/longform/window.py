@@ -61,6 +61,14 @@ class Window:
     def duration(self) -> float:
         return self.size * HOP_LENGTH / SAMPLE_RATE
 
+    def frame(self, t: float) -> int:
+        """The mel frame, from the window's start, of time ``t`` (seconds of the stream)."""
+        return round((t - self.time_offset) * FRAMES_PER_SECOND)
+
+    def time(self, frame: int) -> float:
+        """The time (seconds of the stream) of mel frame ``frame`` from the window's start."""
+        return self.time_offset + frame / FRAMES_PER_SECOND
+
 
 def clip_ranges(clip_timestamps: Sequence[float], content_frames: int) -> list[tuple[int, int]]:
     frames = [round(v * FRAMES_PER_SECOND) for v in clip_timestamps]

@@ -117,14 +117,14 @@ def instants_onto_voice(w: Window, segments: list[dict], voice: VoiceCheck) -> N
         first, after = position[id(own[0])], position[id(own[-1])] + 1
         low = words[first - 1]["end"] if first else w.time_offset
         high = words[after]["start"] if after < len(words) else w.end_time
-        start, end = (round((t - w.time_offset) * FRAMES_PER_SECOND) for t in (low, high))
+        start, end = w.frame(low), w.frame(high)
         runs = voice.runs(w, start, end) if end - start >= INSTANT_MIN_VOICE_FRAMES else []
         runs = [(a, b) for a, b in runs if (a > start or not first) and (b < end or after == len(words))]
         instant = (s["start"] - w.time_offset) * FRAMES_PER_SECOND
         a, b = min(runs, key=lambda r: max(r[0] - instant, instant - r[1], 0), default=(0, 0))
         if b - a < INSTANT_MIN_VOICE_FRAMES:
             continue
-        spread_by_characters(own, w.time_offset + a / FRAMES_PER_SECOND, w.time_offset + b / FRAMES_PER_SECOND)
+        spread_by_characters(own, w.time(a), w.time(b))
         s["start"], s["end"] = own[0]["start"], own[-1]["end"]
 
 
