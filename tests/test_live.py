@@ -30,9 +30,13 @@ from whisperane.live.sources import paced
 from whisperane.result import Word
 
 JFK = DATA_DIR / "jfk.flac"
-# Measured on JFK (tiny.en, real-time simulation and chunked): the confirmed text is the offline transcript's
-# word for word (WER 0 after normalization) across min_chunk 0.3-1.0 s; one word in 22 may differ.
+# JFK in 0.5 s chunks, one update each (tiny.en): the confirmed text is the offline transcript's but for one word
+# in 22 at most.
 JFK_MAX_WER = 1 / 22 + 1e-9
+# Where the updates fall moves the confirmed text: over 105 chunk schedules (chunks of 0.3-2.0 s, the first 0,
+# 0.13 or 0.37 s longer) the worst was 4 words of 22, 16 schedules beyond one word (benchmarks/results/
+# 2026-12-06-session30-live-end.md); a real-time stream's schedule is the machine's.
+JFK_ANY_SCHEDULE_MAX_WER = 4 / 22 + 1e-9
 # Streams whose text is compared with another stream's, not with a transcript, update once a second (half the
 # default's updates: the CI's time).
 CHEAP = {"min_chunk": 1.0}
@@ -102,6 +106,10 @@ def test_words_already_confirmed_are_dropped_from_a_new_decoding():
     # a confirmed word whose timing moved later across decodings is matched by its text
     shifted = [Word(" Americans", 1.85, 2.3, 0.9), *_words("ask not", start=2.4)]
     assert [w.word for w in unconfirmed_part(shifted, confirmed)] == [" ask", " not"]
+    # the first word after the prompt aligned back over confirmed audio, ending well past it, is new: it starts
+    # where the confirmed text ends (a stream's last decoding lost "country" this way)
+    stretched = [Word(" ask.", 0.4, 2.6, 0.9)]
+    assert [(w.word, w.start) for w in unconfirmed_part(stretched, confirmed)] == [(" ask.", 1.9)]
 
 
 def test_paced_audio_never_arrives_early():
@@ -131,12 +139,12 @@ def test_jfk_streamed_in_chunks_confirms_the_offline_transcript(model):
 
 
 def test_jfk_streamed_live_confirms_the_offline_transcript(model):
-    """The real-time simulation: its updates fall where the processing time puts them, so a machine loaded by
-    other work (4-8 processes on the 2 cores) can move a word of the text beyond this bound."""
+    """The real-time simulation: its updates fall where the processing time puts them, so the schedule, and
+    with it the confirmed text, is the machine's (the bound is the worst measured over fixed schedules)."""
     offline = model.transcribe(str(JFK)).text
     events = list(whisperane.stream(str(JFK), model, realtime=True, clock=SimulatedClock()))
     confirmed = _confirmed(events)
-    assert _wer(offline, "".join(w.word for w in confirmed)) <= JFK_MAX_WER
+    assert _wer(offline, "".join(w.word for w in confirmed)) <= JFK_ANY_SCHEDULE_MAX_WER
     for e in events:  # causality on the simulated clock: nothing is emitted before its audio arrived
         assert all(w.end <= e.audio_time + 0.02 for w in e.words) and e.audio_time <= e.wall_time + 0.01
     assert events[-1].type == "done" and events[-1].audio_time == pytest.approx(11.0, abs=0.01)
