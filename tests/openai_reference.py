@@ -5,7 +5,7 @@ openai-whisper (``pip install --no-deps openai-whisper==20250625``, see scripts/
 seek rule, the fallback and the word timing to the original implementation rather than to a port of it.
 Audio is passed as a float32 16 kHz array: given a path, openai-whisper shells out to ffmpeg.
 
-openai-whisper's results on the long test files are stored (``STORED``, written by ``stored_result`` when
+openai-whisper's results on the long test files and its beam-5 results on test_beam's clips are stored (``STORED``, written by ``stored_result`` when
 asked to): a stored result is used only for the very samples and weights it was computed from (their sha256),
 else openai-whisper runs. Each file costs openai-whisper about as long as whisperane's own runs of it.
 
@@ -119,7 +119,7 @@ def sha256_of(samples: np.ndarray, weights: Path) -> dict[str, str]:
     return {"samples": hashlib.sha256(samples.tobytes()).hexdigest(), "weights": file_sha256(weights)}
 
 
-def _kept(result: dict) -> dict:
+def kept_of_result(result: dict) -> dict:
     """What the tests read of a result: its text and language, each segment's seek, times, text and words."""
     segments = [{"seek": s["seek"], "start": s["start"], "end": s["end"], "text": s["text"],
                  "words": [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in s.get("words") or []]}
@@ -128,16 +128,16 @@ def _kept(result: dict) -> dict:
 
 
 def stored_result(name: str, samples: np.ndarray, weights: Path, compute: Callable[[], dict],
-                  write: bool = False) -> dict:
+                  write: bool = False, keep: Callable[[dict], dict] = kept_of_result) -> dict:
     """openai-whisper's result for ``samples`` on ``weights``: the stored one where it was computed from the same
-    (``STORED / name``.json), else ``compute()``'s; ``write``: store what was computed."""
+    (``STORED / name``.json), else ``compute()``'s (what ``keep`` keeps of it); ``write``: store that."""
     identity = sha256_of(samples, weights)
     path = STORED / f"{name}.json"
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
         if stored["sha256"] == identity:
             return stored["result"]
-    result = _kept(compute())
+    result = keep(compute())
     if write:
         STORED.mkdir(exist_ok=True)
         path.write_text(json.dumps({"sha256": identity, "result": result}, ensure_ascii=False, indent=0) + "\n",

@@ -21,6 +21,8 @@ average 8-14).
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import CORPUS_DIR, corpus_entries
-from openai_reference import load_openai_model, openai_beam_search
+from openai_reference import kept_of_result, load_openai_model, openai_beam_search, stored_result
 
 import whisperane
 from whisperane.audio import SAMPLE_RATE, load_audio
@@ -120,16 +122,24 @@ class BeamComparison:
         return not self.difference
 
 
-def compare_with_openai(bundle: Path, ct2_dir: Path, clips: list[CorpusClip]) -> list[BeamComparison]:
+def compare_with_openai(bundle: Path, ct2_dir: Path, clips: list[CorpusClip],
+                        stored: bool | None = None) -> list[BeamComparison]:
     """Each clip decoded by whisperane (float32) and openai-whisper, beam 5 at temperature 0.0; the
-    multilingual model gets the language openai detected (the comparison is of the beam search)."""
+    multilingual model gets the language openai detected (the comparison is of the beam search). ``stored``:
+    openai's results stored for these very samples and weights are used (openai_reference.stored_result; True
+    also stores those computed), its wall times are then NaN; None: openai runs on every clip."""
     ours_model = whisperane.load_model(bundle, compute_type="float32")
-    theirs_model = load_openai_model(ct2_dir)
+    theirs_model = functools.cache(lambda: load_openai_model(ct2_dir))
     comparisons = []
     for clip in clips:
         audio = load_audio(str(clip.path))
         start = time.perf_counter()
-        theirs, margins = openai_with_margins(theirs_model, audio)
+        if stored is None:
+            theirs, margins = openai_with_margins(theirs_model(), audio)
+        else:
+            theirs = stored_result(f"beam{BEAM}-{clip.path.stem}", audio, ct2_dir / "model.bin",
+                                   lambda audio=audio: openai_with_margins(theirs_model(), audio), stored, _with_margins)
+            margins, start = theirs["margins"], math.nan
         middle = time.perf_counter()
         ours = ours_model.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False,
                                      language=theirs["language"] if ours_model.is_multilingual else None)
@@ -138,6 +148,11 @@ def compare_with_openai(bundle: Path, ct2_dir: Path, clips: list[CorpusClip]) ->
         difference = first_difference(segments_of(ours, duration), segments_of(theirs, duration))
         comparisons.append(BeamComparison(clip, difference, min(margins), ours.text, end - middle, middle - start))
     return comparisons
+
+
+def _with_margins(result_and_margins: tuple[dict, list[float]]) -> dict:
+    result, margins = result_and_margins
+    return {**kept_of_result(result), "margins": margins}
 
 
 def differing_near_ties(comparisons: list[BeamComparison]) -> list[str]:
@@ -152,7 +167,7 @@ def differing_near_ties(comparisons: list[BeamComparison]) -> list[str]:
 def tiny_en_comparisons(tiny_en_bundle, ct2_tiny_en_dir) -> list[BeamComparison]:
     """The shortest English clips on tiny.en (shared with the int8 test, which needs float32's texts)."""
     clips = one_window_clips(corpus_entries(), CORPUS_DIR, english=True)[:CI_ENGLISH_CLIPS]
-    return compare_with_openai(tiny_en_bundle, ct2_tiny_en_dir, clips)
+    return compare_with_openai(tiny_en_bundle, ct2_tiny_en_dir, clips, stored=False)
 
 
 @pytest.mark.slow
@@ -182,3 +197,15 @@ def test_tiny_en_int8_beam5_wer_within_0_3_points_of_float32(tiny_en_bundle, tin
     wer = {name: jiwer.wer(refs, texts) for name, texts in hyps.items()}
     print(f"tiny.en beam 5 WER: int8 {100 * wer['int8']:.2f} %, float32 {100 * wer['float32']:.2f} %")
     assert wer["int8"] <= wer["float32"] + 0.003
+
+
+if __name__ == "__main__":
+    # Store openai-whisper's beam-5 results on the CI's clips (the corpus's when it is there):
+    #   .venv/bin/python tests/test_beam.py   (from the repository root)
+    from whisperane.convert.pipeline import convert
+    from whisperane.convert.sources import resolve_source
+
+    ct2_dir = resolve_source("tiny.en", progress=False).path
+    clips = one_window_clips(corpus_entries(), CORPUS_DIR, english=True)[:CI_ENGLISH_CLIPS]
+    compare_with_openai(convert("tiny.en", out_dir=Path(__file__).resolve().parents[1] / "models" / "tiny.en"),
+                        ct2_dir, clips, stored=True)
