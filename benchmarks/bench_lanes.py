@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from bench import loadavg  # noqa: E402
 
-MODES = {"batched": {"batch_size": 8}, "vad_filter": {"vad_filter": True}, "guarded": {}}
 BOUND_POINTS = 0.5
 
 
@@ -33,24 +32,21 @@ def main() -> None:
 
     import jiwer
     from conftest import corpus_entries
-    from test_batched import _normalized
-    from test_vad import _gapped_audio, _speech_clips
+    from test_batched import MODES, gapped_file, normalized, reference_text
 
     import whisperane
 
     model = whisperane.load_model(args.bundle, threads=2)
-    clips = [c for c in _speech_clips() if not c.name.startswith(("picovoice", "aishell", "aeneas-simplicissimus"))
-             and c.name not in ("es", "de", "test_es", "test_de")]
     texts = {e["id"]: e["text"] for e in corpus_entries()}
     references, hypotheses = [], {mode: [] for mode in MODES}
     print(f"load {loadavg()}\n\n| seed | seconds | " + " | ".join(f"{m} WER %" for m in MODES) + " | wall s |")
     print("|---|---|" + "---|" * len(MODES) + "---|")
     for seed in args.seeds:
-        gapped = _gapped_audio(clips, seed=seed)
-        references.append(_normalized(" ".join(texts.get(clip.name, "") for _, clip in gapped.clips)))
+        gapped = gapped_file(seed)
+        references.append(reference_text(gapped, texts))
         start = time.perf_counter()
         for mode, options in MODES.items():
-            hypotheses[mode].append(_normalized(model.transcribe(gapped.audio, **options).text))
+            hypotheses[mode].append(normalized(model.transcribe(gapped.audio, **options).text))
         wers = [100 * jiwer.wer(references[-1], hypotheses[m][-1]) for m in MODES]
         print(f"| {seed} | {len(gapped.audio) / 16000:.1f} | " + " | ".join(f"{w:.2f}" for w in wers)
               + f" | {time.perf_counter() - start:.0f} |", flush=True)

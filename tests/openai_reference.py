@@ -5,9 +5,9 @@ openai-whisper (``pip install --no-deps openai-whisper==20250625``, see scripts/
 seek rule, the fallback and the word timing to the original implementation rather than to a port of it.
 Audio is passed as a float32 16 kHz array: given a path, openai-whisper shells out to ffmpeg.
 
-openai-whisper's results on the long test files and its beam-5 results on test_beam's clips are stored (``STORED``, written by ``stored_result`` when
-asked to): a stored result is used only for the very samples and weights it was computed from (their sha256),
-else openai-whisper runs. Each file costs openai-whisper about as long as whisperane's own runs of it.
+openai-whisper's results on the long test files and its beam-5 results on test_beam's clips are stored
+(``STORED``, written by ``stored_result`` when asked to): a stored result is used only for the very samples and
+weights it was computed from (their sha256), else openai-whisper runs. Each file costs openai-whisper about as long as whisperane's own runs of it.
 
 Use it through session fixtures declared in the test module, e.g.::
 

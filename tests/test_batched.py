@@ -34,10 +34,20 @@ def model(tiny_en_bundle):
     return whisperane.load_model(tiny_en_bundle, threads=2)
 
 
-@pytest.fixture(scope="module")
-def english_clips():
+def english_speech_clips() -> list:
+    """test_vad's speech clips in English (the gapped files' clips; benchmarks/bench_lanes.py's too)."""
     return [c for c in _speech_clips() if not c.name.startswith(("picovoice", "aishell", "aeneas-simplicissimus"))
             and c.name not in ("es", "de", "test_es", "test_de")]
+
+
+def gapped_file(seed: int):
+    """test_vad's gapped audio of the English clips, gap draw ``seed``."""
+    return _gapped_audio(english_speech_clips(), seed=seed)
+
+
+@pytest.fixture(scope="module")
+def english_clips():
+    return english_speech_clips()
 
 
 # One draw of the gaps (where every window and lane falls). On one 287 s file the modes' WERs move by a few words
@@ -47,9 +57,14 @@ def english_clips():
 # of three draws is checked by benchmarks/bench_lanes.py (nine transcriptions of 287 s: a benchmark's time).
 GAP_SEEDS = (5,)
 ONE_FILE_POINTS = 0.01
+# The modes compared on a gapped file: lanes side by side, one lane over the VAD's speech (the same loop, not side
+# by side), the default loop over the whole audio (with the seek guard).
+MODES = {"batched": {"batch_size": 8}, "vad_filter": {"vad_filter": True}, "guarded": {}}
+
+
 @pytest.fixture(scope="module")
-def gapped(english_clips):
-    return [_gapped_audio(english_clips, seed=seed) for seed in GAP_SEEDS]
+def gapped():
+    return [gapped_file(seed) for seed in GAP_SEEDS]
 
 
 def _counting_windows(model, audio, **options) -> tuple[object, int]:
@@ -66,25 +81,27 @@ def _counting_windows(model, audio, **options) -> tuple[object, int]:
 @pytest.fixture(scope="module")
 def batched_runs(model, gapped) -> list[tuple[object, int]]:
     """Batched mode on each draw, with the windows its encoder steps encoded (test_lanes_tails_share_windows)."""
-    return [_counting_windows(model, g.audio, batch_size=8) for g in gapped]
+    return [_counting_windows(model, g.audio, **MODES["batched"]) for g in gapped]
 
 
 @pytest.fixture(scope="module")
 def results(model, gapped, batched_runs):
     """Each mode's transcripts of the draws. openai's seek rule alone (the seek guard off) is held against the
     guard in test_longform."""
-    modes = {
-        "vad_filter": {"vad_filter": True},  # one lane: the same loop, not side by side
-        "guarded": {},  # the default: with the seek guard
-    }
-    results = {mode: [model.transcribe(g.audio, **options) for g in gapped] for mode, options in modes.items()}
+    results = {mode: [model.transcribe(g.audio, **options) for g in gapped]
+               for mode, options in MODES.items() if mode != "batched"}
     return {"batched": [r for r, _ in batched_runs], **results}
 
 
-def _normalized(text: str) -> str:
+def normalized(text: str) -> str:
     from whisper_normalizer.english import EnglishTextNormalizer
 
     return EnglishTextNormalizer()(text)
+
+
+def reference_text(gapped_audio, texts: dict[str, str]) -> str:
+    """The normalized reference of a gapped file: its clips' texts (clip id -> text) in order."""
+    return normalized(" ".join(texts.get(clip.name, "") for _, clip in gapped_audio.clips))
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +110,8 @@ def wers(results, gapped, corpus_manifest) -> dict[str, float]:
     import jiwer
 
     texts = {e["id"]: e["text"] for e in corpus_manifest}
-    references = [_normalized(" ".join(texts.get(clip.name, "") for _, clip in g.clips)) for g in gapped]
-    wers = {mode: jiwer.wer(references, [_normalized(r.text) for r in rs]) for mode, rs in results.items()}
+    references = [reference_text(g, texts) for g in gapped]
+    wers = {mode: jiwer.wer(references, [normalized(r.text) for r in rs]) for mode, rs in results.items()}
     print("WER on the gapped files:", {m: f"{100 * w:.2f} %" for m, w in wers.items()})
     return wers
 

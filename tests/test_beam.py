@@ -136,17 +136,18 @@ def compare_with_openai(bundle: Path, ct2_dir: Path, clips: list[CorpusClip],
         start = time.perf_counter()
         if stored is None:
             theirs, margins = openai_with_margins(theirs_model(), audio)
+            theirs_s = time.perf_counter() - start
         else:
             theirs = stored_result(f"beam{BEAM}-{clip.path.stem}", audio, ct2_dir / "model.bin",
                                    lambda audio=audio: openai_with_margins(theirs_model(), audio), stored, _with_margins)
-            margins, start = theirs["margins"], math.nan
+            margins, theirs_s = theirs["margins"], math.nan
         middle = time.perf_counter()
         ours = ours_model.transcribe(audio, beam_size=BEAM, temperature=0.0, word_timestamps=False,
                                      language=theirs["language"] if ours_model.is_multilingual else None)
         end = time.perf_counter()
         duration = round(len(audio) / SAMPLE_RATE, 3)
         difference = first_difference(segments_of(ours, duration), segments_of(theirs, duration))
-        comparisons.append(BeamComparison(clip, difference, min(margins), ours.text, end - middle, middle - start))
+        comparisons.append(BeamComparison(clip, difference, min(margins), ours.text, end - middle, theirs_s))
     return comparisons
 
 
@@ -202,10 +203,11 @@ def test_tiny_en_int8_beam5_wer_within_0_3_points_of_float32(tiny_en_bundle, tin
 if __name__ == "__main__":
     # Store openai-whisper's beam-5 results on the CI's clips (the corpus's when it is there):
     #   .venv/bin/python tests/test_beam.py   (from the repository root)
+    from conftest import MODELS_DIR
+
     from whisperane.convert.pipeline import convert
     from whisperane.convert.sources import resolve_source
 
-    ct2_dir = resolve_source("tiny.en", progress=False).path
     clips = one_window_clips(corpus_entries(), CORPUS_DIR, english=True)[:CI_ENGLISH_CLIPS]
-    compare_with_openai(convert("tiny.en", out_dir=Path(__file__).resolve().parents[1] / "models" / "tiny.en"),
-                        ct2_dir, clips, stored=True)
+    compare_with_openai(convert("tiny.en", out_dir=MODELS_DIR / "tiny.en"), resolve_source("tiny.en", progress=False).path,
+                        clips, stored=True)

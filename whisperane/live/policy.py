@@ -45,8 +45,12 @@ def unconfirmed_part(words: Sequence[Word], confirmed: Sequence[Word]) -> list[W
     if not confirmed:
         return list(words)
     end = confirmed[-1].end
-    new = [w if w.start > end - CONFIRMED_OVERLAP_S else replace(w, start=end)
-           for w in words if w.start > end - CONFIRMED_OVERLAP_S or w.end > end + STRADDLE_S]
+    new = []
+    for w in words:
+        if w.start > end - CONFIRMED_OVERLAP_S:
+            new.append(w)
+        elif w.end > end + STRADDLE_S:
+            new.append(replace(w, start=end))
     if new and abs(new[0].start - end) < 1.0:
         for n in range(min(len(confirmed), len(new), MAX_REPEATED_WORDS), 0, -1):
             if all(same_word(a, b) for a, b in zip(confirmed[-n:], new[:n], strict=True)):
