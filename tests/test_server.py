@@ -34,7 +34,10 @@ NO_WORDS = {"word_timestamps": "false"}  # whisperane's own form field: where wo
 
 @pytest.fixture(scope="module")
 def models(tiny_en_bundle, base_bundle):
-    return {"tiny.en": whisperane.load_model(tiny_en_bundle, threads=1), "base": whisperane.load_model(base_bundle, threads=1)}
+    """Loaded as `whisperane serve` loads them for its two workers: each decode on one thread, the encoder (one
+    window at a time) on two."""
+    return {name: whisperane.load_model(bundle, threads=1, encoder_threads=2)
+            for name, bundle in (("tiny.en", tiny_en_bundle), ("base", base_bundle))}
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +264,19 @@ def test_serve_binds_loopback_by_default():
 
     args = build_parser(["serve"]).parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.max_upload_mb == 25 and args.api_key is None
+
+
+def test_serve_encodes_on_the_workers_cores_and_refuses_bad_thread_counts(capsys):
+    from whisperane.cli import build_parser, main
+    from whisperane.server.command import encoder_threads
+
+    parse = lambda *a: build_parser(["serve"]).parse_args(["serve", *a])  # noqa: E731
+    assert encoder_threads(parse("--max-concurrency", "3", "--threads-per-worker", "2")) == 6
+    assert encoder_threads(parse("--encoder-threads", "1")) == 1
+    for flag in ("--encoder-threads", "--threads-per-worker", "--max-concurrency"):
+        assert main(["serve", flag, "0"]) != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "must be >= 1" in err and "Traceback" not in err
 
 
 def _pcm_chunks(path, seconds: float = 0.5) -> list[bytes]:

@@ -19,12 +19,15 @@ from .tokenizer import Tokenizer
 
 
 def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
-               compute_units: str = "ALL", compute_type: str = "default", verify: bool = True) -> WhisperaneModel:
+               compute_units: str = "ALL", compute_type: str = "default", verify: bool = True,
+               encoder_threads: int | None = None) -> WhisperaneModel:
     """Load a bundle by model name (converted on first use) or directory, ready to transcribe.
 
     ``compute_type``: "int8" (int8 encoder and decoder weights), "float32", or "default" (int8 on the CPU with
     ONNX Runtime when the bundle has it, as faster-whisper's int8; float32 elsewhere). ``threads``: the
-    executor's threads per call (default: ``$WHISPERANE_THREADS``, else all cores)."""
+    executor's threads per call (default: ``$WHISPERANE_THREADS``, else all cores); ``encoder_threads``: the
+    AudioEncoder's (default: ``threads``), which runs one call at a time however many threads share the model:
+    a server's workers each decode on one core and encode on all of them (``WhisperaneModel.encode``)."""
     bundle = resolve_bundle(name_or_path)
     info = BundleInfo.load(bundle)
     kind = choose_kind(info, executor, compute_type)
@@ -34,7 +37,7 @@ def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onn
     with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer is read while the sessions open
         tokenizer = pool.submit(Tokenizer.from_files, bundle / "tokenizer.json", info.special_tokens,
                                 info.languages, info.multilingual)
-        sessions = Sessions(bundle, kind, threads, compute_units)
+        sessions = Sessions(bundle, kind, threads, compute_units, encoder_threads or threads)
         decoder = open_decoder(kind, info, sessions)
         model = WhisperaneModel(info, kind, sessions, decoder, tokenizer.result())
     release_freed_memory()

@@ -307,17 +307,35 @@ def release_freed_memory() -> None:
     keeps freed pages mapped, so they stay in the resident set (measured after loading: 23 MB on tiny.en,
     40 MB on base, returned by this call).
     """
-    global _malloc_trim
-    if _malloc_trim is None:
+    if trim := _glibc("malloc_trim"):
+        trim(0)
+
+
+# glibc's mallopt parameter: the size from which an allocation gets its own mapping
+M_MMAP_THRESHOLD = -3
+
+
+def map_large_allocations(threshold: int = 128 * 1024) -> None:
+    """Every allocation of ``threshold`` bytes or more in a mapping of its own, unmapped when freed (glibc's
+    ``mallopt``; a no-op elsewhere). By default glibc raises that threshold to the size of each large block
+    freed, so that a process allocating and freeing the same large arrays keeps them in its heaps; a server's
+    requests, on several threads, leave those heaps holding the largest of each (the peak resident set under
+    8 clients, benchmarks/results/2026-12-06-session31-server.md). Set once, before serving."""
+    if set_option := _glibc("mallopt"):
+        set_option(M_MMAP_THRESHOLD, threshold)
+
+
+def _glibc(name: str):
+    """A glibc function of this process, or None (another platform or C library)."""
+    if name not in _GLIBC:
         try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim if sys.platform.startswith("linux") else False
+            _GLIBC[name] = getattr(ctypes.CDLL(None), name) if sys.platform.startswith("linux") else None
         except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
+            _GLIBC[name] = None
+    return _GLIBC[name]
 
 
-_malloc_trim = None
+_GLIBC: dict[str, object] = {}
 
 
 def default_providers() -> list[str]:

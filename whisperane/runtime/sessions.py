@@ -96,9 +96,11 @@ class Sessions:
     the peak of a short file's run (base: 297 -> 245 MB while loading). The multi-token decoder (first used
     after a window's encoder and steps) opens in the background; the prefill table on first use."""
 
-    def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str):
+    def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str,
+                 encoder_threads: int | None = None):
         self._files = kind.files
-        self._open = lambda role: open_component(bundle, kind.files[role], kind.executor, threads, compute_units,
+        self._open = lambda role: open_component(bundle, kind.files[role], kind.executor,
+                                                 encoder_threads if role in ("encoder", "mel") else threads, compute_units,
                                                  spinning=role in SPINNING_ROLES)
         self._lock = threading.Lock()
         self._lazy: dict[str, Component] = {}

@@ -24,6 +24,9 @@ def add_serve_parser(sub) -> None:
                    help="decodes at once; one per core by default")
     p.add_argument("--threads-per-worker", type=int, default=1,
                    help="ONNX Runtime threads of each decode (the models' sessions are shared by the workers)")
+    p.add_argument("--encoder-threads", type=int, default=None,
+                   help="threads of the audio encoder, which runs one window at a time for all the workers "
+                        "(default: max-concurrency x threads-per-worker, the cores the decodes use)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those (more: 503 + Retry-After)")
     p.add_argument("--max-upload-mb", type=float, default=25.0)
     p.add_argument("--max-audio-minutes", type=float, default=60.0)
@@ -34,11 +37,17 @@ def add_serve_parser(sub) -> None:
 def server_config(args: argparse.Namespace):
     from .app import ServerConfig
 
-    if args.max_concurrency < 1 or args.threads_per_worker < 1 or args.max_queue < 0 or args.max_upload_mb <= 0 or args.max_audio_minutes <= 0:
-        raise WhisperaneError("--max-concurrency and --threads-per-worker must be >= 1, --max-queue >= 0, the size and length limits > 0")
+    if min(args.max_concurrency, args.threads_per_worker, encoder_threads(args)) < 1 or args.max_queue < 0 or \
+            args.max_upload_mb <= 0 or args.max_audio_minutes <= 0:
+        raise WhisperaneError("--max-concurrency, --threads-per-worker and --encoder-threads must be >= 1, "
+                              "--max-queue >= 0, the size and length limits > 0")
     return ServerConfig(api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         max_upload_mb=args.max_upload_mb, max_audio_minutes=args.max_audio_minutes,
                         workers=args.max_concurrency, queue=args.max_queue)
+
+
+def encoder_threads(args: argparse.Namespace) -> int:
+    return args.encoder_threads if args.encoder_threads is not None else args.max_concurrency * args.threads_per_worker
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -54,12 +63,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
         try:
             return serve_on_ray(names, config, args.ray_address, args.replicas, args.host, args.port,
-                                args.threads_per_worker)
+                                args.threads_per_worker, encoder_threads(args))
         except KeyboardInterrupt:  # Ray Serve's blocking run ends on Ctrl-C: a normal stop
             return 0
+    from ..runtime.executors import map_large_allocations
     from .app import create_app
     from .models import load_models
 
-    app = create_app(load_models(names, args.threads_per_worker), config)
+    map_large_allocations()
+
+    app = create_app(load_models(names, args.threads_per_worker, encoder_threads(args)), config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets-sansio")
     return 0

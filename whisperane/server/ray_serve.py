@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import WhisperaneError
+from ..runtime.executors import map_large_allocations
 from .app import ServerConfig, create_app
 from .models import load_models, model_id
 
@@ -20,15 +21,17 @@ APP_NAME = "whisperane"
 class WhisperaneReplica:
     """One replica: the models loaded once, the app built on them (Ray Serve's late-bound ingress)."""
 
-    def __init__(self, names: list[str], config: ServerConfig, threads: int):
-        self.models = load_models(names, threads)
+    def __init__(self, names: list[str], config: ServerConfig, threads: int, encoder_threads: int):
+        map_large_allocations()  # as ``whisperane serve`` does
+        self.models = load_models(names, threads, encoder_threads)
         self.config = config
 
     def __serve_build_asgi_app__(self):
         return create_app(self.models, self.config)
 
 
-def deployment(names: list[str], config: ServerConfig, replicas: int, threads: int = 1):
+def deployment(names: list[str], config: ServerConfig, replicas: int, threads: int = 1,
+               encoder_threads: int | None = None):
     """The bound Ray Serve application: ``replicas`` copies of the app."""
     from ray import serve
 
@@ -39,11 +42,12 @@ def deployment(names: list[str], config: ServerConfig, replicas: int, threads: i
     ingress = serve.ingress()(WhisperaneReplica)
     return serve.deployment(ingress, name="WhisperaneServer", num_replicas=replicas,
                             ray_actor_options={"num_cpus": config.workers * threads},
-                            max_ongoing_requests=config.workers + config.queue).bind(names, config, threads)
+                            max_ongoing_requests=config.workers + config.queue).bind(
+                                names, config, threads, encoder_threads or config.workers * threads)
 
 
 def serve_on_ray(names: list[str], config: ServerConfig, address: str, replicas: int, host: str, port: int,
-                 threads: int = 1) -> int:
+                 threads: int = 1, encoder_threads: int | None = None) -> int:
     """Connect to the cluster at ``address`` ('local': start one here), start Serve's proxy on host:port, run
     the app until interrupted."""
     try:
@@ -55,5 +59,5 @@ def serve_on_ray(names: list[str], config: ServerConfig, address: str, replicas:
         raise WhisperaneError("--replicas must be >= 1")
     ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(deployment(names, config, replicas, threads), name=APP_NAME, route_prefix="/", blocking=True)
+    serve.run(deployment(names, config, replicas, threads, encoder_threads), name=APP_NAME, route_prefix="/", blocking=True)
     return 0

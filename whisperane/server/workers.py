@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.executors import release_freed_memory
+
 
 class Cancelled(Exception):
     """Raised from a job's progress callback once its client has disconnected."""
@@ -110,6 +112,7 @@ class DecodePool:
             finally:
                 with self._lock:
                     self.running -= 1
+                release_freed_memory()  # what the request freed leaves the resident set with it
 
         return self._executor.submit(run)
 
