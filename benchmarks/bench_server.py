@@ -170,14 +170,26 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def first_delta(server: ServerProcess, path: Path) -> float:
-    """Seconds from the request's start to its first streamed delta (the stream is left there)."""
+    """Seconds from the request's start to its first streamed delta. The stream is left there; the server stops
+    its decode at the next window, and the next measurement starts once it has (``settled``)."""
     t0 = time.perf_counter()
     with path.open("rb") as f, httpx.stream("POST", server.url + "/v1/audio/transcriptions", timeout=3600,
                                             files={"file": f, "stream": (None, "true")}) as r:
         for line in r.iter_lines():
             if line.startswith("data:") and json.loads(line[5:]).get("type") == "transcript.text.delta":
-                return time.perf_counter() - t0
-    raise RuntimeError("no delta")
+                seconds = time.perf_counter() - t0
+                break
+        else:
+            raise RuntimeError("no delta")
+    settled(server)
+    return seconds
+
+
+def settled(server: ServerProcess, timeout: float = 120.0) -> None:
+    """Returns once whisperane's /health admits no request (the left stream's decode has stopped)."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(server.url + "/health", timeout=5).json().get("admitted", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def load() -> str:

@@ -26,8 +26,9 @@ def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onn
     ``compute_type``: "int8" (int8 encoder and decoder weights), "float32", or "default" (int8 on the CPU with
     ONNX Runtime when the bundle has it, as faster-whisper's int8; float32 elsewhere). ``threads``: the
     executor's threads per call (default: ``$WHISPERANE_THREADS``, else all cores); ``encoder_threads``: the
-    AudioEncoder's (default: ``threads``), which runs one call at a time however many threads share the model:
-    a server's workers each decode on one core and encode on all of them (``WhisperaneModel.encode``)."""
+    AudioEncoder's and the log-mel's (default: ``threads``). The encoder runs one call at a time however many
+    threads share the model: a server's workers each decode on one core and encode on all of them
+    (``WhisperaneModel.encode``)."""
     bundle = resolve_bundle(name_or_path)
     info = BundleInfo.load(bundle)
     kind = choose_kind(info, executor, compute_type)

@@ -90,6 +90,11 @@ def choose_kind(info: BundleInfo, executor: str, compute_type: str) -> BundleKin
 SPINNING_ROLES = ("decoder",)
 
 
+# The components on ``encoder_threads``: the encoder, and the log-mel that runs just before it (and over the whole
+# file, for its peak, before the first window).
+FRONT_ROLES = ("mel", "encoder")
+
+
 class Sessions:
     """The kind's components, opened one after another (the decoder first, the largest), each followed by
     returning the heap pages its set-up freed: side by side, their set-up copies coexisted, which made loading
@@ -97,10 +102,10 @@ class Sessions:
     after a window's encoder and steps) opens in the background; the prefill table on first use."""
 
     def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str,
-                 encoder_threads: int | None = None):
+                 encoder_threads: int | None):
         self._files = kind.files
         self._open = lambda role: open_component(bundle, kind.files[role], kind.executor,
-                                                 encoder_threads if role in ("encoder", "mel") else threads, compute_units,
+                                                 encoder_threads if role in FRONT_ROLES else threads, compute_units,
                                                  spinning=role in SPINNING_ROLES)
         self._lock = threading.Lock()
         self._lazy: dict[str, Component] = {}
