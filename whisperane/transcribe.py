@@ -46,6 +46,14 @@ def transcribe(
 
         model = shared_model(model)
     _check_model_supports(model, options)
+    with model.in_use():
+        return _transcribe_in_mode(model, audio, options, progress, on_segment)
+
+
+def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,
+                        options: TranscribeOptions, progress: Callable[[float, float], None] | None,
+                        on_segment: Callable[[Segment], None] | None) -> TranscriptionResult:
+    """Batched mode, the VAD-filtered loop or the default seek loop over the whole audio."""
     if options.batch_size is not None:
         from .longform.lanes import transcribe_batched  # imports the VAD: only for the modes that run it
 

@@ -45,7 +45,8 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     loop = SeekLoop(model, AudioStream.from_array(samples, name="<stream>"), options, None, voice, voiced_words=True)
     loop.resumed.add(0)  # the one window: checked, never decoded again
     loop.begin(tokenizer, None, previous_text=tokenizer.encode(" " + prompt.strip()) if prompt.strip() else [])
-    loop.finish_window(Window(0, size, enc, samples))
+    with model.in_use():
+        loop.finish_window(Window(0, size, enc, samples))
     words: list[Word] = []
     ends: set[int] = set()
     for segment in loop.all_segments:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -139,6 +139,11 @@ class WhisperaneModel:
     @staticmethod
     def _encoder_feeds(mel: np.ndarray) -> dict[str, np.ndarray]:
         return {MEL_FEATURES: np.ascontiguousarray(mel, dtype=np.float32)}
+
+    def in_use(self) -> AbstractContextManager[None]:
+        """Held by each request for its decoding: while only one holds it, the decoder may run on the encoder's
+        threads (``Sessions`` opened it so where a request's own threads are fewer)."""
+        return self._sessions.users.using()
 
     @contextmanager
     def decoding_state(self, batch: int) -> Iterator[DecoderState]:

@@ -4,9 +4,13 @@ run (``BundleKind``), the sessions that run them (``Sessions``) and the decoder 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..contract import (
     AUDIO_ENCODER,
@@ -104,9 +108,10 @@ class Sessions:
     def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str,
                  encoder_threads: int | None):
         self._files = kind.files
-        self._open = lambda role: open_component(bundle, kind.files[role], kind.executor,
-                                                 encoder_threads if role in FRONT_ROLES else threads, compute_units,
-                                                 spinning=role in SPINNING_ROLES)
+        self._open = lambda role, n=None: open_component(bundle, kind.files[role], kind.executor,
+                                                         n or (encoder_threads if role in FRONT_ROLES else threads),
+                                                         compute_units, spinning=role in SPINNING_ROLES)
+        self.users = Users()
         self._lock = threading.Lock()
         self._lazy: dict[str, Component] = {}
         self.sequence: Future | None = None
@@ -120,6 +125,9 @@ class Sessions:
             opened[role] = self._open(role)
             release_freed_memory()
         self.decoder, self.encoder, self.mel = opened["decoder"], opened["encoder"], opened["mel"]
+        if kind.executor == "onnx" and threads and encoder_threads and encoder_threads > threads:
+            self.decoder = WhenAlone(self.decoder, self._open("decoder", encoder_threads), self.users.alone)
+            release_freed_memory()
 
     def get_sequence(self) -> Component | None:
         return None if self.sequence is None else self.sequence.result()
@@ -139,6 +147,57 @@ class Sessions:
             if role not in self._lazy:
                 self._lazy[role] = self._open(role) if role in self._files else None
             return self._lazy[role]
+
+
+class Users:
+    """How many requests (a file's transcription, a live stream's update) use the model now."""
+
+    def __init__(self):
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def using(self) -> Iterator[None]:
+        with self._lock:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._count -= 1
+
+    def alone(self) -> bool:
+        return self._count <= 1
+
+
+class WhenAlone:
+    """One component opened twice: each call runs on ``wide`` (more threads) while ``alone()``, else on
+    ``narrow``. A server's workers each decode on one core; a request with the model to itself would leave the
+    others idle while it decodes (benchmarks/results/2026-12-06-session31-server.md). When the calls move from
+    one to the other, the one left releases its weights (both resident would be the weights twice)."""
+
+    def __init__(self, narrow: Component, wide: Component, alone: Callable[[], bool]):
+        self.narrow, self.wide, self._alone = narrow, wide, alone
+        self.name, self.inputs, self.outputs = narrow.name, narrow.inputs, narrow.outputs
+        self._last = narrow
+        wide.release_weights()
+
+    def _now(self) -> Component:
+        now = self.wide if self._alone() else self.narrow
+        if now is not self._last:  # a release during the other's call only costs that call its page faults
+            left, self._last = self._last, now
+            left.release_weights()
+        return now
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        return self._now().run(feeds, outputs)
+
+    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        self._now().run_into(feeds, outputs)
+
+    def release_weights(self) -> None:
+        self.narrow.release_weights()
+        self.wide.release_weights()
 
 
 def open_decoder(kind: BundleKind, info: BundleInfo, sessions: Sessions) -> Decoder:
