@@ -103,7 +103,9 @@ class Sessions:
     """The kind's components, opened one after another (the decoder first, the largest), each followed by
     returning the heap pages its set-up freed: side by side, their set-up copies coexisted, which made loading
     the peak of a short file's run (base: 297 -> 245 MB while loading). The multi-token decoder (first used
-    after a window's encoder and steps) opens in the background; the prefill table on first use."""
+    after a window's encoder and steps) opens in the background; the prefill table on first use. Where the
+    encoder has more threads than a request (a server's workers), the decoder is opened a second time on the
+    encoder's threads, for a request that has the model to itself (``WhenAlone``)."""
 
     def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str,
                  encoder_threads: int | None):

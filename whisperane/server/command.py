@@ -71,7 +71,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from .models import load_models
 
     map_large_allocations()
-
     app = create_app(load_models(names, args.threads_per_worker, encoder_threads(args)), config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets-sansio")
     return 0
