@@ -52,11 +52,11 @@ def test_a_model_loaded_as_the_server_loads_it_gives_the_one_thread_transcripts(
     two while one request has the model to itself: alone or side by side, the transcripts are the one-thread
     model's."""
     served = whisperane.load_model(tiny_en_bundle, threads=1, encoder_threads=2)
-    files = four_files()
+    files = four_files()[:2]
     alone = [served.transcribe(f).to_dict() for f in files]
     with ThreadPoolExecutor(2) as pool:
         side_by_side = list(pool.map(lambda f: served.transcribe(f).to_dict(), files))
-    assert alone == sequential and side_by_side == sequential
+    assert alone == sequential[:2] and side_by_side == sequential[:2]
 
 
 def test_a_component_opened_twice_runs_wide_only_for_a_request_alone():
