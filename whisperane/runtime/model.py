@@ -32,6 +32,7 @@ from .state import DecoderState
 
 if TYPE_CHECKING:  # imported for annotations only
     from ..result import TranscriptionResult
+    from .executors import Component
     from .sessions import BundleKind, Sessions
 
 
@@ -50,6 +51,7 @@ class WhisperaneModel:
         self._cross_outputs = [name for name in sessions.encoder.outputs if name != ENCODER_OUTPUT]
         self._prefill_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._prefill_lock = threading.Lock()
+        self._encoder_lock = threading.Lock()
 
     @property
     def is_multilingual(self) -> bool:
@@ -99,10 +101,21 @@ class WhisperaneModel:
         The decoder's weights are idle while the encoder runs, and the encoder's until the next window: each
         leaves the resident set while the other works (``Component.release_weights``), so the peak holds one
         component's weights, not both (benchmarks/results/2026-12-03-session17-avx2.md)."""
-        self._sessions.release_decoder_weights()
-        out = self._sessions.encoder.run(self._encoder_feeds(mel), self._cross_outputs)
-        self._sessions.encoder.release_weights()
+        with self._encoder_turn() as encoder:
+            out = encoder.run(self._encoder_feeds(mel), self._cross_outputs)
         return self._cross(out)
+
+    @contextmanager
+    def _encoder_turn(self) -> Iterator[Component]:
+        """The encoder for one call, one call at a time whatever the threads sharing the model: on all its threads
+        a call is about as fast as one per core side by side (its matrix products divide evenly), a call alone is
+        that much sooner, and its activations (every head's attention scores are a window's largest array) are
+        held once, not once per thread (benchmarks/results/2026-12-06-session31-server.md). The decoders'
+        weights leave the resident set for the call, the encoder's after it (``encode``)."""
+        with self._encoder_lock:
+            self._sessions.release_decoder_weights()
+            yield self._sessions.encoder
+            self._sessions.encoder.release_weights()
 
     def encode_rows(self, mels: Sequence[np.ndarray], into: CrossAttention | None = None) -> CrossAttention:
         """Windows [1, M, 1, 3000] encoded one call each into the first len(mels) rows of ``into``, a batch of
@@ -132,9 +145,8 @@ class WhisperaneModel:
         if not self._cross.in_place:
             into.set_row(row, self.encode(mel))
             return
-        self._sessions.release_decoder_weights()
-        self._sessions.encoder.run_into(self._encoder_feeds(mel), {n: into.feeds[n][row : row + 1] for n in self._cross.names})
-        self._sessions.encoder.release_weights()
+        with self._encoder_turn() as encoder:
+            encoder.run_into(self._encoder_feeds(mel), {n: into.feeds[n][row : row + 1] for n in self._cross.names})
 
     @staticmethod
     def _encoder_feeds(mel: np.ndarray) -> dict[str, np.ndarray]:
