@@ -30,8 +30,7 @@ class WhisperaneReplica:
         return create_app(self.models, self.config)
 
 
-def deployment(names: list[str], config: ServerConfig, replicas: int, threads: int = 1,
-               encoder_threads: int | None = None):
+def deployment(names: list[str], config: ServerConfig, replicas: int, threads: int, encoder_threads: int):
     """The bound Ray Serve application: ``replicas`` copies of the app."""
     from ray import serve
 
@@ -43,11 +42,11 @@ def deployment(names: list[str], config: ServerConfig, replicas: int, threads: i
     return serve.deployment(ingress, name="WhisperaneServer", num_replicas=replicas,
                             ray_actor_options={"num_cpus": config.workers * threads},
                             max_ongoing_requests=config.workers + config.queue).bind(
-                                names, config, threads, encoder_threads or config.workers * threads)
+                                names, config, threads, encoder_threads)
 
 
 def serve_on_ray(names: list[str], config: ServerConfig, address: str, replicas: int, host: str, port: int,
-                 threads: int = 1, encoder_threads: int | None = None) -> int:
+                 threads: int, encoder_threads: int) -> int:
     """Connect to the cluster at ``address`` ('local': start one here), start Serve's proxy on host:port, run
     the app until interrupted."""
     try:
