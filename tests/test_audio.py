@@ -18,12 +18,14 @@ from reference import log_mel_spectrogram_numpy
 
 from whisperane.audio import (
     HOP_LENGTH,
+    MAX_SAMPLE_MAGNITUDE,
     N_SAMPLES,
     SAMPLE_RATE,
     AudioStream,
     load_audio,
     open_audio,
     pad_or_trim,
+    probe_duration,
 )
 from whisperane.convert.mel import mel_filters
 from whisperane.errors import AudioError
@@ -120,6 +122,7 @@ def test_formats_decode_to_16k(tmp_path, fmt, subtype, ext, exact):
     audio = load_audio(path)
     assert audio.dtype == np.float32
     assert abs(len(audio) - 32000) <= (0 if exact else 1600)  # mp3 adds encoder delay/padding
+    assert open_audio(path).length_known  # libsndfile counts ogg exactly; its mp3 writer adds a Xing header
     assert abs(peak_frequency(audio) - 440.0) < 1.0
     if exact:
         np.testing.assert_allclose(audio, reference_16k(path), atol=1e-6)
@@ -173,6 +176,7 @@ def test_arrays():
         (np.zeros(0, np.float32), "no audio samples"),
         (np.array([0.0, np.nan, 0.1], np.float32), "NaN or infinite"),
         (np.array([0.0, 0.1, np.inf], np.float32), "NaN or infinite"),
+        (np.array([0.0, 0.1, -2 * MAX_SAMPLE_MAGNITUDE]), "absurdly large sample values"),
         (np.zeros((2, 3, 4), np.float32), "shape"),
         (np.array(["a", "b"]), "dtype"),
     ],
@@ -272,7 +276,37 @@ def test_nan_and_inf_in_file(tmp_path, bad):
     x[int(2.5 * 16000)] = bad
     path = tmp_path / "bad.wav"
     sf.write(path, x, 16000, subtype="FLOAT")
-    assert_audio_error(path, "NaN or infinite", "2.50 s")
+    message = assert_audio_error(path, "NaN or infinite", "2.50 s")
+    with pytest.raises(AudioError) as info:  # float PCM is read through before any transcribing
+        probe_duration(path, 60.0)
+    assert str(info.value) == message
+    # past the limit the file is refused for its length: its samples are not read
+    assert probe_duration(path, 1.0) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    "bad_from,value,at",
+    [(0.0, 1e19, "0.00 s"), (1.5, 1e7, "1.50 s"), (1.5, -1e7, "1.50 s")],
+)
+def test_absurd_sample_values_in_float_file(tmp_path, bad_from, value, at):
+    # finite, so the NaN check let them through; the log-mel of 1e19 is not finite
+    x = tone(440.0, 3.0, 16000)[:, 0]
+    x[int(bad_from * 16000) :] = value
+    path = tmp_path / "absurd.wav"
+    sf.write(path, x, 16000, subtype="FLOAT")
+    message = assert_audio_error(path, "absurdly large sample values", f"first at {at}", f"{abs(value):.3g}")
+    with pytest.raises(AudioError) as info:
+        probe_duration(path, 60.0)
+    assert str(info.value) == message
+
+
+def test_float_file_at_integer_scale_is_accepted(tmp_path):
+    # some tools write float WAV unnormalised, at int16 scale: loud, but audio
+    x = tone(440.0, 2.0, 16000, amplitude=32767.0)[:, 0]
+    path = tmp_path / "int_scale.wav"
+    sf.write(path, x, 16000, subtype="FLOAT")
+    assert probe_duration(path, 60.0) == pytest.approx(2.0)
+    assert np.abs(load_audio(path)).max() == pytest.approx(32767.0, rel=1e-3)
 
 
 def test_other_container_without_ffmpeg(tmp_path, no_ffmpeg):
@@ -421,6 +455,83 @@ def test_stream_mp3_duration_is_approximate_from_header(tmp_path):
     assert stream.duration == pytest.approx(4.0, abs=0.1)
     stream.read_all()
     assert stream.exhausted and stream.duration == pytest.approx(4.0, abs=0.1)
+
+
+def flac_without_total(src: Path, dst: Path) -> Path:
+    """``src`` with STREAMINFO's total samples set to 0 ("unknown"), as a streaming encoder leaves it."""
+    data = bytearray(src.read_bytes())
+    # "fLaC", then STREAMINFO first (type 0, 34 bytes); in it, after 16+16+24+24 bits of block and frame sizes
+    # and 20+3+5 of rate, channels and depth, the 36-bit total: the low nibble of byte 13 and bytes 14-17
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0 and data[5:8] == (34).to_bytes(3, "big")
+    info = data[8:42]
+    assert ((info[13] & 0x0F) << 32 | int.from_bytes(info[14:18], "big")) == sf.info(src).frames
+    data[8 + 13] &= 0xF0
+    data[8 + 14 : 8 + 18] = bytes(4)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def test_flac_without_total_samples(tmp_path):
+    path = flac_without_total(JFK, tmp_path / "streamed.flac")
+    assert sf.info(path).frames >= 2**62  # libsndfile's "unknown"
+    stream = open_audio(path)
+    assert not stream.length_known and open_audio(JFK).length_known
+    assert "unknown" in repr(stream)  # showing a stream never decodes it
+    # counted, never libsndfile's placeholder: what the seek loop sizes its windows and clips by
+    assert stream.n_samples == open_audio(JFK).n_samples and stream.duration == 11.0
+    assert probe_duration(path, 60.0) == probe_duration(JFK, 60.0) == 11.0
+    assert 5.0 < probe_duration(path, 5.0) < 5.01  # decoded just past the limit, not to the end
+    np.testing.assert_array_equal(stream.read_all(), load_audio(JFK))
+    assert stream.exhausted and stream.n_samples == 176000
+
+
+@pytest.mark.slow
+def test_flac_without_total_samples_transcribes_like_the_original(tmp_path, tiny_en_bundle):
+    from whisperane.loading import load_model
+
+    model = load_model(tiny_en_bundle, threads=2, compute_type="float32")
+    ours = model.transcribe(flac_without_total(JFK, tmp_path / "streamed.flac")).to_dict()
+    reference = model.transcribe(JFK).to_dict()
+    assert "ask not what your country can do for you" in reference["text"]
+    assert ours == reference
+
+
+def mp3_without_length_header(path: Path, seconds: float = 30.0) -> Path:
+    """A VBR MP3 whose first frame (LAME's Xing/Info frame, the only record of its length) is cut off: loud
+    noise first, then a quiet tone, so that libsndfile's estimate (file size over the first frame's bitrate)
+    is far too short."""
+    sr = 44100
+    x = tone(440.0, seconds, sr, amplitude=0.2)[:, 0]
+    x[: 2 * sr] += 0.3 * np.random.default_rng(6).standard_normal(2 * sr).astype(np.float32)
+    sf.write(path, x, sr, format="MP3", subtype="MPEG_LAYER_III")
+    data = path.read_bytes()
+    assert data[:2] == b"\xff\xfb" and data[21:25] == b"Xing"  # MPEG-1 layer III; the tag after mono side info
+    kbps = [0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320][data[2] >> 4]
+    frame_size = 144000 * kbps // sr + (data[2] >> 1 & 1)
+    path.write_bytes(data[frame_size:])
+    assert not any(tag in path.read_bytes()[:2048] for tag in (b"Xing", b"Info", b"VBRI"))
+    return path
+
+
+def test_mp3_without_length_header(tmp_path):
+    path = mp3_without_length_header(tmp_path / "vbr.mp3")
+    assert sf.info(path).duration < 10.0  # libsndfile's guess, and where it would stop decoding the file
+    stream = open_audio(path)
+    assert not stream.length_known
+    frame = 1152 / 44100  # without the LAME tag, encoder delay and padding are decoded too: under two frames
+    assert 30.0 <= probe_duration(path, 60.0) < 30.0 + 2 * frame
+    assert stream.n_samples == len(load_audio(path)) == round(probe_duration(path, 60.0) * SAMPLE_RATE)
+    assert 5.0 < probe_duration(path, 5.0) < 5.01  # stops just past the limit
+    assert abs(peak_frequency(stream.read(20 * SAMPLE_RATE, 5 * SAMPLE_RATE)) - 440.0) < 1.0
+
+
+def test_probe_duration_from_header(tmp_path):
+    path = tmp_path / "pcm16.wav"
+    sf.write(path, tone(440.0, 3.0, 22050), 22050, subtype="PCM_16")
+    assert probe_duration(path, 60.0) == probe_duration(path, 1.0) == 3.0  # integer PCM: its header, no decode
+    assert probe_duration(np.zeros(8000, np.float32), 60.0) == 0.5
+    with pytest.raises(AudioError, match="no such file"):
+        probe_duration(tmp_path / "missing.wav", 60.0)
 
 
 def test_from_array_and_open_audio_dispatch(tmp_path):

@@ -1,19 +1,20 @@
-"""Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; the mel filters.
+"""Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; probe a file's length.
 
 Files go through soundfile (libsndfile: wav, flac, ogg/opus, mp3, aiff, ...) and soxr; other containers
 (m4a, mp4, webm, ...) go through ffmpeg when it is on PATH. Long files are read as a stream
-(:class:`AudioStream`) so that a two-hour recording never sits in memory whole.
-
-``mel_filters`` is the one filter bank every log-mel implementation (the exported MelSpectrogram
-component, and the tests' numpy reference in tests/reference.py) uses.
+(:class:`AudioStream`) so that a two-hour recording never sits in memory whole. (The mel filters are in
+whisperane.convert.mel.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import shutil
 import struct
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -35,18 +36,14 @@ INPUT_STRIDE = N_SAMPLES_PER_TOKEN // HOP_LENGTH  # 2 mel frames per encoder fra
 TIME_PRECISION = N_SAMPLES_PER_TOKEN / SAMPLE_RATE  # 0.02 s: one encoder frame, one timestamp token
 
 RESAMPLE_QUALITY = "HQ"
+# Audio lies within +-1 (float files written at integer scale reach about 3.3e4); a sample beyond this is not
+# audio, and passed on it would turn the log-mel non-finite far from the file that caused it.
+MAX_SAMPLE_MAGNITUDE = 1e6
+_UNKNOWN_LENGTH = 2**62  # libsndfile reports SF_COUNT_MAX frames for a length it does not know
 
 # Extensions libsndfile decodes itself; a file with one of these that it cannot open is broken, not exotic.
 _SOUNDFILE_EXTENSIONS = {fmt.lower() for fmt in sf.available_formats()} | {
-    "wave",
-    "oga",
-    "opus",
-    "aif",
-    "aifc",
-    "snd",
-    "sf",
-    "mpeg",
-}
+    "wave", "oga", "opus", "aif", "aifc", "snd", "sf", "mpeg"}
 
 AudioSource = str | os.PathLike | np.ndarray
 # what `whisperane transcribe DIR` and `whisperane batch DIR` take for audio
@@ -55,7 +52,6 @@ AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".
 
 # --------------------------------------------------------------------------------------------------
 # arrays
-
 
 
 def _to_mono_float32(audio: np.ndarray, name: str) -> np.ndarray:
@@ -86,11 +82,16 @@ def _to_mono_float32(audio: np.ndarray, name: str) -> np.ndarray:
 
 
 def _check_finite(block: np.ndarray, name: str, offset_seconds: float, rate: int) -> None:
-    finite = np.isfinite(block)
-    if not finite.all():
-        first_bad = int(np.argmin(finite.reshape(len(block), -1).all(axis=1)))
-        at = offset_seconds + first_bad / rate
-        raise AudioError(f"{name}: contains NaN or infinite sample values (first at {at:.2f} s)")
+    """Refuse NaN, infinite and absurdly large samples (``block``: (frames[, channels]) from ``offset_seconds``)."""
+    if not block.size or np.abs(block).max() <= MAX_SAMPLE_MAGNITUDE:  # NaN fails the comparison too
+        return
+    flat = block.reshape(-1)
+    first_bad = int(np.argmax(~(np.abs(flat) <= MAX_SAMPLE_MAGNITUDE)))
+    at = offset_seconds + first_bad // (flat.size // len(block)) / rate
+    value = float(flat[first_bad])
+    kind = "NaN or infinite sample values" if not math.isfinite(value) else (
+        f"absurdly large sample values (magnitude {abs(value):.3g}; full scale is 1)")
+    raise AudioError(f"{name}: contains {kind} (first at {at:.2f} s)")
 
 
 def pad_or_trim(array: np.ndarray, length: int = N_SAMPLES, *, axis: int = -1) -> np.ndarray:
@@ -127,12 +128,9 @@ def _check_path(path: str | os.PathLike) -> str:
 
 
 def _check_wav_not_truncated(name: str) -> None:
-    """Reject a RIFF/WAVE file whose data chunk declares more bytes than the file holds.
-
-    libsndfile silently shortens such files to what is there; a cut-off recording would then be
-    transcribed as if it were complete. Sizes 0 and 0xFFFFFFFF are placeholders written by recorders
-    that never finalised the header: those are read as far as the data goes.
-    """
+    """Reject a RIFF/WAVE file whose data chunk declares more bytes than the file holds: libsndfile silently
+    shortens such files to what is there, and a cut-off recording would be transcribed as if complete. Sizes 0
+    and 0xFFFFFFFF are placeholders written by recorders that never finalised the header: read as far as it goes."""
     size = os.path.getsize(name)
     with open(name, "rb") as f:
         pos = 12
@@ -142,10 +140,8 @@ def _check_wav_not_truncated(name: str) -> None:
             if chunk_id == b"data":
                 available = size - pos - 8
                 if chunk_size not in (0, 0xFFFFFFFF) and chunk_size > available:
-                    raise AudioError(
-                        f"{name}: truncated WAV file: the header declares {chunk_size} bytes of audio "
-                        f"but only {available} are present"
-                    )
+                    raise AudioError(f"{name}: truncated WAV file: the header declares {chunk_size} bytes of "
+                                     f"audio but only {available} are present")
                 return
             pos += 8 + chunk_size + (chunk_size & 1)
 
@@ -154,10 +150,8 @@ def _ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
         raise AudioError(f"{name}: ffmpeg is not on PATH")
-    cmd = [
-        ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
-        "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-",
-    ]
+    cmd = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
+           "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-"]
     try:
         proc = subprocess.run(cmd, capture_output=True, check=False)
     except OSError as e:
@@ -172,12 +166,67 @@ def _ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
     return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
 
 
+class _ForwardFile(sf.SoundFile):
+    """A SoundFile read strictly forward: soundfile seeks to its own count after every read of a seekable file,
+    which fails at the end of one whose length libsndfile does not know (a FLAC from a streaming encoder)."""
+
+    def seekable(self) -> bool:
+        return False
+
+
 def _open_soundfile(name: str) -> tuple[sf.SoundFile | None, str | None]:
     """Open with libsndfile; on failure return the reason instead of raising (ffmpeg may still cope)."""
     try:
-        return sf.SoundFile(name), None
+        file = _ForwardFile(name)
     except Exception as e:  # noqa: BLE001 - libsndfile raises LibsndfileError, RuntimeError, TypeError...
         return None, _one_line(e)
+    if file.format == "MP3" and file.frames > 0 and not _mp3_declares_length(name):
+        # libsndfile stops reading an MP3 file at its estimate of the length (the file's size over the first
+        # frame's bitrate: far too short for VBR), but has none for a pipe and decodes that to its end
+        piped = _piped(name)
+        if piped is not None:
+            file.close()
+            return piped, None
+    return file, None
+
+
+def _piped(name: str) -> sf.SoundFile | None:
+    """``name`` opened through a pipe that a thread fills (None where libsndfile cannot read it so)."""
+    read_end, write_end = os.pipe()
+
+    def feed() -> None:  # ends quietly where the reader closes the pipe first (or the file went away)
+        with open(write_end, "wb", buffering=0) as pipe, contextlib.suppress(OSError), open(name, "rb") as f:
+            shutil.copyfileobj(f, pipe)
+
+    threading.Thread(target=feed, name=f"pipe {name}", daemon=True).start()
+    try:
+        return _ForwardFile(read_end)  # libsndfile closes the read end on failure too, which ends the thread
+    except Exception:  # noqa: BLE001 - libsndfile raises several types
+        return None
+
+
+def _read_block(file: sf.SoundFile, name: str, at_frame: int, frames: int) -> np.ndarray:
+    """Up to ``frames`` frames (fewer or none at the end) of ``file``, whose read position is ``at_frame``, as
+    float32 (frames, channels); a decoding failure or samples that are not audio raise AudioError."""
+    rate = file.samplerate
+    try:
+        block = file.read(frames, dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001 - libsndfile errors come in several types
+        raise AudioError(f"{name}: corrupt or truncated audio (decoding failed between {at_frame / rate:.1f} s "
+                         f"and {(at_frame + frames) / rate:.1f} s: {_one_line(e)})") from e
+    _check_finite(block, name, at_frame / rate, rate)
+    return block
+
+
+def _count_frames(file: sf.SoundFile, name: str, limit: int | None = None) -> int:
+    """Frames from ``file``'s start (its read position) to its end, or to one frame past ``limit``."""
+    n, step = 0, 10 * file.samplerate
+    while limit is None or n <= limit:
+        block = _read_block(file, name, n, step if limit is None else min(step, limit + 1 - n))
+        if not len(block):
+            break
+        n += len(block)
+    return n
 
 
 def _one_line(e: BaseException) -> str:
@@ -223,30 +272,21 @@ class AudioStream:
     (:meth:`from_array`) allows any read.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        *,
-        sample_rate: int = SAMPLE_RATE,
-        block_seconds: float = 10.0,
-        history_seconds: float = CHUNK_LENGTH,
-    ):
+    def __init__(self, path: str | os.PathLike, *, sample_rate: int = SAMPLE_RATE, block_seconds: float = 10.0,
+                 history_seconds: float = CHUNK_LENGTH):
         self.name = _check_path(path)
         self.sample_rate = sample_rate
         file, reason = _open_soundfile(self.name)
         if file is None:
             if shutil.which("ffmpeg") is not None:
-                raise AudioError(
-                    f"{self.name}: libsndfile cannot read it ({reason}); open_audio() decodes it with ffmpeg"
-                )
+                raise AudioError(f"{self.name}: libsndfile cannot read it ({reason}); open_audio() decodes it with ffmpeg")
             raise _undecodable(self.name, reason)
         self._init_file(file, block_seconds, history_seconds)
 
     @classmethod
     def _from_soundfile(cls, name: str, file: sf.SoundFile, sample_rate: int) -> AudioStream:
         self = cls.__new__(cls)
-        self.name = name
-        self.sample_rate = sample_rate
+        self.name, self.sample_rate = name, sample_rate
         self._init_file(file, block_seconds=10.0, history_seconds=CHUNK_LENGTH)
         return self
 
@@ -263,40 +303,28 @@ class AudioStream:
             raise AudioError(f"{self.name}: {cause}")
         self._header_frames = int(file.frames)
         self._length_declared = file.format == "MP3" and _mp3_declares_length(self.name)
+        self._length_known = self._header_frames < _UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
+        self._total_frames = self._header_frames if self._length_known else None  # None: counted when asked
         self._block_frames = max(1, int(block_seconds * self.source_sample_rate))
         self._history = int(history_seconds * self.sample_rate)
-        self._resampler = (
-            soxr.ResampleStream(
-                self.source_sample_rate, self.sample_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY
-            )
-            if self.source_sample_rate != self.sample_rate
-            else None
-        )
-        self._frames_read = 0
-        self._exhausted = False
-        self.in_memory = False
+        self._resampler = None if self.source_sample_rate == self.sample_rate else soxr.ResampleStream(
+            self.source_sample_rate, self.sample_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
+        self._frames_read, self._exhausted, self.in_memory = 0, False, False
         self._buf = np.zeros(0, dtype=np.float32)
         self._buf_start = 0  # index (at sample_rate) of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
 
     @classmethod
-    def from_array(
-        cls, audio: np.ndarray, *, name: str = "<array>", sample_rate: int = SAMPLE_RATE
-    ) -> AudioStream:
+    def from_array(cls, audio: np.ndarray, *, name: str = "<array>", sample_rate: int = SAMPLE_RATE) -> AudioStream:
         """Wrap samples already at ``sample_rate`` (2-D arrays are downmixed, integers scaled)."""
         self = cls.__new__(cls)
-        self.name = name
-        self.sample_rate = sample_rate
-        self.source_sample_rate = sample_rate
-        self._file = None
-        self._resampler = None
+        self.name, self.sample_rate, self.source_sample_rate = name, sample_rate, sample_rate
+        self._file, self._resampler = None, None
         self._buf = _to_mono_float32(audio, name)
-        self._buf_start = 0
-        self._keep_from = 0
-        self._exhausted = True
-        self.in_memory = True
-        self._header_frames = len(self._buf)
-        self._frames_read = len(self._buf)
+        self._buf_start = self._keep_from = 0
+        self._exhausted = self.in_memory = True
+        self._header_frames = self._total_frames = self._frames_read = len(self._buf)
+        self._length_known = True
         return self
 
     # -- size ----------------------------------------------------------------------------------------
@@ -307,12 +335,25 @@ class AudioStream:
         return self._exhausted
 
     @property
+    def length_known(self) -> bool:
+        """True when the header's length is exact: False for a FLAC without its total (written by a streaming
+        encoder) and an MP3 without a Xing/Info/VBRI header, whose length libsndfile guesses from the file size."""
+        return self._length_known
+
+    @property
     def n_samples(self) -> int:
-        """Number of samples at ``sample_rate``: from the header until the end has been decoded, then exact
-        (mp3 headers may be off a little)."""
+        """Number of samples at ``sample_rate``: from the header where it is exact (see ``length_known``), else
+        counted by decoding the file once ahead on first use (:func:`probe_duration` stops at a limit); exact
+        once the end has been decoded."""
         if self._exhausted:
             return self._buf_start + len(self._buf)
-        return round(self._header_frames * self.sample_rate / self.source_sample_rate)
+        if self._total_frames is None:
+            file, reason = _open_soundfile(self.name)
+            if file is None:
+                raise _undecodable(self.name, reason)
+            with file:
+                self._total_frames = _count_frames(file, self.name)
+        return round(self._total_frames * self.sample_rate / self.source_sample_rate)
 
     @property
     def duration(self) -> float:
@@ -326,18 +367,14 @@ class AudioStream:
         if start_sample < 0 or n_samples < 0:
             raise ValueError(f"negative start or length: read({start_sample}, {n_samples})")
         if start_sample < self._keep_from:
-            raise ValueError(
-                f"{self.name}: sample {start_sample} was already released by the stream (reads may reach "
-                f"back to {self._keep_from}); use load_audio() for random access"
-            )
+            raise ValueError(f"{self.name}: sample {start_sample} was already released by the stream (reads may "
+                             f"reach back to {self._keep_from}); use load_audio() for random access")
         end = start_sample + n_samples
         if not self.in_memory:
             keep_from = max(self._keep_from, min(start_sample, end - self._history))
             self._decode_until(end, keep_from)
             self._keep_from = keep_from
-        lo = start_sample - self._buf_start
-        hi = end - self._buf_start
-        return self._buf[lo:hi].copy()
+        return self._buf[start_sample - self._buf_start : end - self._buf_start].copy()
 
     def read_all(self) -> np.ndarray:
         """Every sample from the start (only before the stream has released any)."""
@@ -349,9 +386,7 @@ class AudioStream:
 
     def _decode_until(self, end: int | None, keep_from: int) -> None:
         """Decode forward until index ``end`` (None: to the end), releasing samples before ``keep_from``."""
-        pieces = [self._buf]
-        start = self._buf_start
-        length = len(self._buf)
+        pieces, start, length = [self._buf], self._buf_start, len(self._buf)
         while not self._exhausted and (end is None or start + length < end):
             chunk = self._decode_block()
             pieces.append(chunk)
@@ -370,22 +405,11 @@ class AudioStream:
 
     def _decode_block(self) -> np.ndarray:
         assert self._file is not None
-        at = self._frames_read / self.source_sample_rate
         try:
-            block = self._file.read(self._block_frames, dtype="float32", always_2d=True)
-        except Exception as e:  # noqa: BLE001 - libsndfile errors come in several types
+            block = _read_block(self._file, self.name, self._frames_read, self._block_frames)
+        except AudioError:
             self.close()
-            until = at + self._block_frames / self.source_sample_rate
-            raise AudioError(
-                f"{self.name}: corrupt or truncated audio "
-                f"(decoding failed between {at:.1f} s and {until:.1f} s: {_one_line(e)})"
-            ) from e
-        if len(block):
-            try:
-                _check_finite(block, self.name, at, self.source_sample_rate)
-            except AudioError:
-                self.close()
-                raise
+            raise
         self._frames_read += len(block)
         mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
         last = len(block) == 0
@@ -402,10 +426,8 @@ class AudioStream:
         missing = self._header_frames - self._frames_read
         if self._length_declared and missing > max(2 * 1152, 0.01 * self._header_frames):
             rate = self.source_sample_rate
-            raise AudioError(
-                f"{self.name}: truncated MP3 file: the header declares {self._header_frames / rate:.1f} s "
-                f"of audio but only {self._frames_read / rate:.1f} s are present"
-            )
+            raise AudioError(f"{self.name}: truncated MP3 file: the header declares {self._header_frames / rate:.1f} s "
+                             f"of audio but only {self._frames_read / rate:.1f} s are present")
 
     # -- lifetime ------------------------------------------------------------------------------------
 
@@ -421,7 +443,9 @@ class AudioStream:
         self.close()
 
     def __repr__(self) -> str:
-        return f"AudioStream({self.name!r}, duration={self.duration:.2f}s, source_rate={self.source_sample_rate})"
+        known = self._exhausted or self._total_frames is not None  # never a whole decode to show a length
+        return (f"AudioStream({self.name!r}, duration={f'{self.duration:.2f}s' if known else 'unknown'}, "
+                f"source_rate={self.source_sample_rate})")
 
 
 def open_audio(source: AudioSource, *, sample_rate: int = SAMPLE_RATE) -> AudioStream:
@@ -442,16 +466,30 @@ def open_audio(source: AudioSource, *, sample_rate: int = SAMPLE_RATE) -> AudioS
     raise _undecodable(name, reason)
 
 
+def probe_duration(source: AudioSource, limit_seconds: float) -> float:
+    """The exact length of ``source`` in seconds, for a length limit checked before transcribing: from the header
+    where it is exact, else decoded forward, stopping once past ``limit_seconds`` (the length returned is then just
+    over the limit). Float PCM, the only kind whose values can be NaN, infinite or absurd, is read through (up to
+    the limit) so that such a file fails here, with the AudioError the transcription would raise later."""
+    with open_audio(source) as stream:
+        if stream.in_memory:  # an array, or ffmpeg's decode: checked whole already
+            return stream.duration
+        assert stream._file is not None  # a fresh stream: nothing read yet
+        rate, float_pcm = stream.source_sample_rate, stream._file.subtype in ("FLOAT", "DOUBLE")
+        if stream.length_known and (not float_pcm or stream._header_frames > limit_seconds * rate):
+            return stream._header_frames / rate
+        limit = int(limit_seconds * rate) if math.isfinite(limit_seconds) else None
+        return _count_frames(stream._file, stream.name, limit) / rate
+
+
 def _undecodable(name: str, reason: str | None) -> AudioError:
     """The error for a file libsndfile cannot read when there is no ffmpeg to fall back on."""
     ext = Path(name).suffix.lower().lstrip(".")
     if ext in _SOUNDFILE_EXTENSIONS:
         return AudioError(f"{name}: not a valid {ext.upper()} file or corrupt ({reason})")
     kind = f".{ext} files" if ext else "this format"
-    return AudioError(
-        f"{name}: ffmpeg is needed to decode {kind} (libsndfile: {reason}); "
-        "install ffmpeg or convert the file to WAV/FLAC"
-    )
+    return AudioError(f"{name}: ffmpeg is needed to decode {kind} (libsndfile: {reason}); "
+                      "install ffmpeg or convert the file to WAV/FLAC")
 
 
 def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
