@@ -22,13 +22,11 @@ def free_port() -> int:
 @contextmanager
 def serving(models: dict, **config):
     """Yields the base URL (``http://127.0.0.1:PORT``) of the app over ``models``, stopped on exit."""
-    import uvicorn
-
     from whisperane.server.app import ServerConfig, create_app
+    from whisperane.server.lifecycle import uvicorn_server
 
-    app = create_app(models, ServerConfig(**config))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio"))
+    server = uvicorn_server(create_app(models, ServerConfig(**config)), "127.0.0.1", port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -52,3 +50,52 @@ def joined_clips(paths: list, path, gap_s: float = 1.0) -> float:
     audio = np.concatenate(parts[:-1])
     sf.write(str(path), audio, 16000, subtype="PCM_16")
     return len(audio) / 16000
+
+
+class ServeProcess:
+    """``whisperane serve`` as a child process on a free loopback port (``url`` once /health answers)."""
+
+    def __init__(self, args: list[str], env: dict | None = None):
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads would fill and block the server
+        self.proc = subprocess.Popen([sys.executable, "-m", "whisperane", "serve", "--port", str(self.port), *args],
+                                     env={**os.environ, **(env or {})}, stdout=self.log, stderr=self.log, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"whisperane serve exited {self.proc.returncode}: {self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("whisperane serve did not start")
+            time.sleep(0.1)
+
+    def stop(self, sig: int | None = None, timeout: float = 60) -> int:
+        """Send ``sig`` (SIGTERM by default) and wait for the exit code (killed after ``timeout``)."""
+        import signal
+        import subprocess
+
+        self.proc.send_signal(sig or signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def output(self) -> str:
+        """What the process has written so far (its log)."""
+        self.log.seek(0)
+        return self.log.read()

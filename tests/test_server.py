@@ -178,7 +178,7 @@ def test_a_client_gone_mid_upload_leaves_nothing(url, spool):
             "Content-Type: audio/wav\r\n\r\n").encode()
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; "
                   f"boundary={boundary}\r\nContent-Length: {3 * 2**20}\r\n\r\n".encode() + head + b"\0" * 2**20)
         deadline = time.monotonic() + 60
         while not list(spool.iterdir()) and time.monotonic() < deadline:  # the server has begun spooling the file
@@ -207,7 +207,7 @@ def test_a_client_gone_mid_decode_cancels_it(url, long_file):
     before = healthy(url)["cancelled"]
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; "
                   f"boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         deadline = time.monotonic() + 60
         while not healthy(url)["running"] and time.monotonic() < deadline:

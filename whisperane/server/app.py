@@ -9,10 +9,8 @@ Every error a client sees is OpenAI's ``{"error": {...}}`` with a 4xx status for
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
@@ -23,7 +21,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
-from ..audio import open_audio
+from ..audio import probe_duration
+from .access import AccessMiddleware
+from .config import ServerConfig
+from .deadlines import paced, shutting_down
 from .openai_api import (
     ApiError,
     RequestOptions,
@@ -35,33 +36,20 @@ from .openai_api import (
     too_large,
 )
 from .sse import DeltaText, TranscriptStream
-from .workers import Cancelled, DecodePool, QueueFull, Slot
-from .ws import live_session
+from .workers import Cancelled, Closed, DecodePool, QueueFull, Slot
+from .ws import LiveSession
+
+__all__ = ["ServerConfig", "create_app"]
 
 PAGE_DIR = Path(__file__).parent / "page"
-# Open without the key: /health, and the page's static files (the page asks for the key and sends it itself).
-OPEN_PATHS = ("/health", "/")
-PAGE_PREFIX = "/page/"
+LAST_WORDS_S = 2.0  # after the shutdown grace: how long stopped requests get to tell their clients so
 log = logging.getLogger("whisperane.server")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    api_key: str | None = None
-    max_upload_mb: float = 25.0
-    max_audio_minutes: float = 60.0
-    workers: int = 2  # decodes at once, one ONNX Runtime thread each
-    queue: int = 16  # requests admitted beyond the workers (more are answered 503 at once)
-    retry_after_s: int = 2
-    spool_dir: str | None = None  # where uploads are written while they are decoded (default: the system's)
-
-
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 def public_error(e: BaseException, upload: Upload | None = None) -> ApiError:
     """The ApiError a client sees for any exception of a decode."""
+    if isinstance(e, Cancelled):
+        return e.reason if isinstance(e.reason, ApiError) else ApiError(400, "the request was cancelled")
     if isinstance(e, ApiError):
         return e
     if isinstance(e, (OptionsError, TypeError)):
@@ -74,7 +62,7 @@ def public_error(e: BaseException, upload: Upload | None = None) -> ApiError:
 
 
 class Server:
-    """The app's state: the models by id, the config and the decode pool."""
+    """The app's state: the models by id, the config, the decode pool and the live sessions open now."""
 
     def __init__(self, models: dict[str, WhisperaneModel], config: ServerConfig):
         if not models:
@@ -82,16 +70,11 @@ class Server:
         self.models, self.config = models, config
         self.pool = DecodePool(config.workers, config.queue)
         self.created = int(time.time())
+        self.stopping = asyncio.Event()  # set once the shutdown grace is over: every wait on a client ends
+        self.live: set[LiveSession] = set()
 
     def model(self, model_id: str) -> WhisperaneModel:
         return next(iter(self.models.values())) if model_id == "whisper-1" else self.models[model_id]
-
-    def authorized(self, header: str | None) -> bool:
-        key = self.config.api_key
-        if not key:
-            return True
-        scheme, _, token = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
     def reserve(self) -> Slot:
         try:
@@ -99,18 +82,28 @@ class Server:
         except QueueFull:
             raise ApiError(503, "the server is busy: every worker and the queue are taken; retry later",
                            code="server_busy", headers={"Retry-After": str(self.config.retry_after_s)}) from None
+        except Closed:
+            raise shutting_down() from None
 
-    def check_audio(self, upload: Upload) -> None:
-        """400 for a file that is not audio or too long (read on a thread: a header, or ffmpeg's decode)."""
+    def audio_seconds(self, upload: Upload) -> float:
+        """The upload's duration; 400 for a file that is not audio, holds values no audio has, or is too long (on
+        a thread: a header, or a bounded decode where the header cannot say)."""
+        limit = self.config.max_audio_seconds
         try:
-            with open_audio(upload.path) as stream:
-                duration = stream.duration
+            duration = probe_duration(upload.path, limit)
         except WhisperaneError as e:
             raise ApiError(400, upload.public_message(str(e)), param="file", code="invalid_file") from None
-        limit = self.config.max_audio_minutes
-        if duration > limit * 60:
-            raise ApiError(400, f"the audio lasts {duration / 60:.1f} minutes; this server takes at most {limit:g}",
+        if duration > limit:
+            raise ApiError(400, f"the audio is longer than this server's limit of {limit / 60:g} minutes",
                            param="file", code="audio_too_long")
+        return duration
+
+    def budget(self, slot: Slot, audio_seconds: float) -> None:
+        budget = self.config.decode_budget(audio_seconds)
+        slot.job.budget_s = budget
+        slot.job.over_budget = ApiError(400, f"the decode took longer than this server allows for {audio_seconds:.1f} s "
+                                        f"of audio ({budget:.0f} s); a prompt that makes the model repeat itself "
+                                        "can do this", code="decode_time_exceeded")
 
     async def transcription(self, request: Request, task: str) -> Response:
         max_bytes = int(self.config.max_upload_mb * 2**20)
@@ -120,8 +113,8 @@ class Server:
         slot = self.reserve()
         upload: Upload | None = None
         try:
-            upload = await read_upload(request.headers.get("content-type"), request.stream(), max_bytes,
-                                       self.config.spool_dir)
+            body = paced(request.stream(), self.config, self.stopping)
+            upload = await read_upload(request.headers.get("content-type"), body, max_bytes, self.config.spool_dir)
             options = request_options(upload, task, list(self.models))
             try:
                 TranscribeOptions(**options.transcribe)  # an invalid value is a 400 before any decode or stream
@@ -130,7 +123,7 @@ class Server:
             model = self.model(options.model)
             if task == "translate" and not model.is_multilingual:
                 raise ApiError(400, f"the model '{options.model}' is English-only and cannot translate", param="model")
-            await run_in_threadpool(self.check_audio, upload)
+            self.budget(slot, await run_in_threadpool(self.audio_seconds, upload))
             if options.stream:
                 response = self._stream(slot, upload, model, options)
                 slot = upload = None  # the stream's generator owns them now
@@ -149,8 +142,10 @@ class Server:
         watch = asyncio.ensure_future(_cancel_on_disconnect(request, slot))
         try:
             result = await slot.run(_decode, model, upload.path, options.transcribe, None)
-        except Cancelled:
-            return Response(status_code=400)  # the client has gone
+        except Cancelled as e:
+            if e.reason is None:
+                return Response(status_code=400)  # the client has gone
+            raise public_error(e) from None
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
             raise public_error(e, upload) from None
         finally:
@@ -168,6 +163,26 @@ class Server:
         stream.task.add_done_callback(lambda _: upload.remove())
         return StreamingResponse(stream.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    async def drain(self) -> None:
+        """The server is stopping: admit nothing more, finish the live streams with what they have, let running
+        requests end within the grace, then stop the rest (their clients told so) and end every wait on a
+        client."""
+        self.pool.close()
+        for session in list(self.live):
+            session.finish_now()
+        await self._settle(self.config.shutdown_grace_s)
+        if self.pool.admitted:
+            log.warning("stopping %d request(s) still running after the %g s grace", self.pool.admitted,
+                        self.config.shutdown_grace_s)
+        self.pool.stop_all(shutting_down())
+        self.stopping.set()
+        await self._settle(LAST_WORDS_S)
+
+    async def _settle(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.pool.admitted and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
 
 def _decode(job, model: WhisperaneModel, path: str, kwargs: dict, on_segment) -> dict:
     return model.transcribe(path, progress=job.check, on_segment=on_segment, **kwargs).to_dict()
@@ -177,7 +192,7 @@ async def _cancel_on_disconnect(request: Request, slot: Slot) -> None:
     """Waits for the client to go (the body is read by then, so the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    slot.job.cancel.set()
+    slot.job.stop()
 
 
 def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None = None) -> FastAPI:
@@ -185,15 +200,7 @@ def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None =
     server = Server(models, config or ServerConfig())
     app = FastAPI(title="whisperane", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
-
-    @app.middleware("http")
-    async def require_key(request: Request, call_next):
-        path = request.url.path
-        if not (path in OPEN_PATHS or path.startswith(PAGE_PREFIX) or server.authorized(request.headers.get("authorization"))):
-            return error_response(ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
-                                           code="invalid_api_key"))
-        return await call_next(request)
-
+    app.add_middleware(AccessMiddleware, config=server.config)
     _add_error_handlers(app)
     _add_routes(app, server)
     return app
@@ -204,26 +211,27 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        return error_response(e)
+        return e.response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
-        return error_response(ApiError(e.status_code, str(e.detail)))
+        return ApiError(e.status_code, str(e.detail)).response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
-        return error_response(ApiError(400, "the request is malformed"))
+        return ApiError(400, "the request is malformed").response()
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception):
-        return error_response(public_error(e))
+        return public_error(e).response()
 
 
 def _add_routes(app: FastAPI, server: Server) -> None:
     @app.get("/health")
     async def health():
-        return {"status": "ok", "models": list(server.models), "admitted": server.pool.admitted,
-                "running": server.pool.running, "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}
+        return {"status": "stopping" if server.pool.closed else "ok", "models": list(server.models),
+                "admitted": server.pool.admitted, "running": server.pool.running, "live": len(server.live),
+                "capacity": server.pool.capacity, "cancelled": server.pool.cancelled}
 
     @app.get("/v1/models")
     async def list_models():
@@ -245,7 +253,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
     @app.websocket("/v1/audio/live")
     async def live(websocket: WebSocket):
-        await live_session(websocket, server)
+        await LiveSession.serve(websocket, server)
 
     @app.get("/")
     async def page():

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 from .. import WhisperaneError
+from .config import MAX_BATCH_SIZE, MAX_BEAM_SIZE, WS_MAX_FRAME, WS_PING_INTERVAL_S
 
 DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise: the server is reachable from this machine only
 API_KEY_ENV = "WHISPERANE_API_KEY"
+BOUNDS = (f"Fixed bounds: beam_size <= {MAX_BEAM_SIZE} and batch_size <= {MAX_BATCH_SIZE} per request, a prompt's last "
+          f"223 tokens (as openai-whisper), WebSocket frames <= {WS_MAX_FRAME // 2**20} MiB and a ping every "
+          f"{WS_PING_INTERVAL_S:g} s. Timeouts answer 408, bounds 400, a full queue or a stop 503.")
 
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible transcription server (HTTP, SSE, WebSocket, a page)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, epilog=BOUNDS)
     p.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", action="append", default=None,
@@ -29,7 +34,24 @@ def add_serve_parser(sub) -> None:
                         "(default: max-concurrency x threads-per-worker, the cores the decodes use)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those (more: 503 + Retry-After)")
     p.add_argument("--max-upload-mb", type=float, default=25.0)
-    p.add_argument("--max-audio-minutes", type=float, default=60.0)
+    p.add_argument("--max-audio-minutes", type=float, default=60.0, help="longest upload or live stream")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin (https://app.example) that may use the server besides its own page, with "
+                        "CORS; repeat for several, '*' for any (others: 403)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name the server may be reached by besides its bound address (and localhost when "
+                        "that is loopback); repeat for several, '*' for any (others: refused, against DNS rebinding)")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers")
+    p.add_argument("--idle-timeout", type=float, default=15.0,
+                   help="seconds without upload progress or a WebSocket message before the client is cut off (408)")
+    p.add_argument("--min-upload-rate", type=float, default=32.0,
+                   help="KiB/s an upload must average once idle-timeout seconds have passed (else 408)")
+    p.add_argument("--decode-timeout", type=float, default=30.0,
+                   help="seconds a decode may take beyond decode-time-ratio x its audio's length (checked after "
+                        "each 30 s window; past it: 400 decode_time_exceeded)")
+    p.add_argument("--decode-time-ratio", type=float, default=1.0, help="seconds of decoding per second of audio")
+    p.add_argument("--shutdown-grace", type=float, default=5.0,
+                   help="on SIGTERM/SIGINT, seconds running requests get to finish before they are stopped (503)")
     p.add_argument("--ray-address", default=None, help="serve on Ray Serve at this cluster address ('auto', 'local')")
     p.add_argument("--replicas", type=int, default=2, help="Ray Serve replicas (each one loads the models)")
 
@@ -41,9 +63,18 @@ def server_config(args: argparse.Namespace):
             args.max_upload_mb <= 0 or args.max_audio_minutes <= 0:
         raise WhisperaneError("--max-concurrency, --threads-per-worker and --encoder-threads must be >= 1, "
                               "--max-queue >= 0, the size and length limits > 0")
+    timeouts = (args.header_timeout, args.idle_timeout, args.decode_timeout)
+    if not all(0 < t < float("inf") for t in timeouts) or args.min_upload_rate < 0 or args.decode_time_ratio < 0 \
+            or args.shutdown_grace < 0:
+        raise WhisperaneError("--header-timeout, --idle-timeout and --decode-timeout must be > 0, "
+                              "--min-upload-rate, --decode-time-ratio and --shutdown-grace >= 0")
     return ServerConfig(api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         max_upload_mb=args.max_upload_mb, max_audio_minutes=args.max_audio_minutes,
-                        workers=args.max_concurrency, queue=args.max_queue)
+                        workers=args.max_concurrency, queue=args.max_queue, host=args.host,
+                        allow_hosts=tuple(h.lower() for h in args.allow_host), allow_origins=tuple(args.allow_origin),
+                        header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+                        min_upload_kib_s=args.min_upload_rate, decode_timeout_s=args.decode_timeout,
+                        decode_time_ratio=args.decode_time_ratio, shutdown_grace_s=args.shutdown_grace)
 
 
 def encoder_threads(args: argparse.Namespace) -> int:
@@ -53,7 +84,7 @@ def encoder_threads(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise WhisperaneError(f"the server needs {e.name}: pip install 'whisperane[server]'") from None
     config = server_config(args)
@@ -68,9 +99,11 @@ def run_serve(args: argparse.Namespace) -> int:
             return 0
     from ..runtime.executors import map_large_allocations
     from .app import create_app
+    from .lifecycle import spool_directory, uvicorn_server
     from .models import load_models
 
     map_large_allocations()
-    app = create_app(load_models(names, args.threads_per_worker, encoder_threads(args)), config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws="websockets-sansio")
+    models = load_models(names, args.threads_per_worker, encoder_threads(args))
+    with spool_directory(config.spool_dir) as spool:
+        uvicorn_server(create_app(models, replace(config, spool_dir=spool)), args.host, args.port).run()
     return 0

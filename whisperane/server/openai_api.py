@@ -16,17 +16,21 @@ from dataclasses import dataclass, field
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse
 
 from .. import OptionsError
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
+from .config import MAX_BATCH_SIZE, MAX_BEAM_SIZE
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
 MAX_FIELD_BYTES = 64 * 1024
 MAX_FIELDS = 64
+MAX_BOUNDARY = 70  # RFC 2046's limit on a multipart boundary's length
 # whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
 EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool}
+UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
                  "stream")
 
@@ -48,6 +52,9 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 @dataclass
@@ -153,6 +160,8 @@ async def read_upload(content_type: str | None, body: AsyncIterator[bytes], max_
     kind, params = parse_options_header(content_type)
     if kind != b"multipart/form-data" or b"boundary" not in params:
         raise ApiError(400, "expected a multipart/form-data body with the audio as the 'file' field", param="file")
+    if not 0 < len(params[b"boundary"]) <= MAX_BOUNDARY:
+        raise ApiError(400, f"the multipart boundary must be 1 to {MAX_BOUNDARY} characters long", param="file")
     upload = Upload()
     parser_state = _Parser(upload, max_bytes, spool_dir)
     parser = MultipartParser(params[b"boundary"], parser_state.callbacks())
@@ -243,6 +252,9 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
     for name, kind in EXTRA_OPTIONS.items():
         if (value := upload.value(name)) is not None:
             kwargs[name] = _flag(name, value) if kind is bool else _number(name, value, kind)
+            if name in UPPER_BOUNDS and kwargs[name] > UPPER_BOUNDS[name]:
+                raise ApiError(400, f"{name} may be at most {UPPER_BOUNDS[name]} on this server", param=name,
+                               code="invalid_option")
     if "word" in granularities and kwargs.get("word_timestamps") is False:
         raise ApiError(400, "word timestamps were asked for with word_timestamps=false", param="word_timestamps")
     stream = _flag("stream", upload.value("stream") or "false")

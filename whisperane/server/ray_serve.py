@@ -41,6 +41,7 @@ def deployment(names: list[str], config: ServerConfig, replicas: int, threads: i
     ingress = serve.ingress()(WhisperaneReplica)
     return serve.deployment(ingress, name="WhisperaneServer", num_replicas=replicas,
                             ray_actor_options={"num_cpus": config.workers * threads},
+                            graceful_shutdown_timeout_s=config.shutdown_grace_s,
                             max_ongoing_requests=config.workers + config.queue).bind(
                                 names, config, threads, encoder_threads)
 

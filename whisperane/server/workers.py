@@ -2,15 +2,17 @@
 
 A request takes a slot before its upload is read (``DecodePool.reserve``): when every worker is busy and the
 queue is full it is refused at once (503 with Retry-After), so neither memory nor the spool directory grows with
-the number of waiting clients. Each job carries a cancel flag; ``transcribe()`` calls its ``progress`` callback
-after each window, and the job's callback raises there once the client has gone, so a disconnected client's
-work stops at the next window.
+the number of waiting clients. Each job carries a cancel flag and a time budget; ``transcribe()`` calls its
+``progress`` callback after each window, and the job's callback raises there once the client has gone, the
+budget is spent or the server is stopping, so the work stops at the next window. A closed pool (the server is
+stopping) admits nothing more, and ``stop_all`` stops every admitted job with the reason its client is told.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,23 +22,45 @@ from ..runtime.executors import release_freed_memory
 
 
 class Cancelled(Exception):
-    """Raised from a job's progress callback once its client has disconnected."""
+    """Raised from a job's progress callback once it was stopped; ``reason``: what its client is told (None: the
+    client has gone, nobody is told)."""
+
+    def __init__(self, reason: Exception | None = None):
+        super().__init__(str(reason or "the client has gone"))
+        self.reason = reason
 
 
 class QueueFull(Exception):
     """Every worker is busy and the queue behind them is full."""
 
 
+class Closed(Exception):
+    """The pool admits nothing more: the server is stopping."""
+
+
 @dataclass
 class Job:
-    """One request's decode: its cancel flag and the callbacks that run on the worker thread."""
+    """One request's decode: its cancel flag, why it was stopped, its time budget (seconds of work from the start
+    of its first run, None: unbounded) and the callbacks that run on the worker thread."""
 
     cancel: threading.Event = field(default_factory=threading.Event)
+    reason: Exception | None = None
+    budget_s: float | None = None
+    over_budget: Exception | None = None  # the reason given when the budget is spent
+    started: float | None = None
+
+    def stop(self, reason: Exception | None = None) -> None:
+        """Stop at the next window; the first reason given is the one told."""
+        if not self.cancel.is_set():
+            self.reason = reason
+            self.cancel.set()
 
     def check(self, *_progress: Any) -> None:
-        """``transcribe()``'s progress callback: stops the decode at this window once cancelled."""
+        """``transcribe()``'s progress callback: stops the decode at this window once stopped or over budget."""
+        if self.budget_s is not None and self.started is not None and time.monotonic() - self.started > self.budget_s:
+            self.stop(self.over_budget)
         if self.cancel.is_set():
-            raise Cancelled
+            raise Cancelled(self.reason)
 
 
 class Slot:
@@ -50,7 +74,7 @@ class Slot:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._pool.free_slot()
+            self._pool.free_slot(self)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(job, *args)`` on a worker; a cancelled await (the client went away) cancels the job."""
@@ -58,14 +82,14 @@ class Slot:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            self.job.cancel.set()
+            self.job.stop()
             raise
 
     def __enter__(self) -> Slot:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.job.cancel.set()  # a request that ends while its job still runs (an error elsewhere) stops it
+        self.job.stop()  # a request that ends while its job still runs (an error elsewhere) stops it
         self.release()
 
 
@@ -76,38 +100,56 @@ class DecodePool:
         if workers < 1 or queue < 0:
             raise ValueError("the pool needs at least one worker and a queue of zero or more")
         self.workers, self.capacity = workers, workers + queue
-        self._admitted = 0
+        self._slots: set[Slot] = set()
+        self.closed = False
         self.cancelled = 0  # jobs stopped because their client left (reported by /health)
         self.running = 0  # jobs on a worker now
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="whisperane-decode")
 
     def reserve(self) -> Slot:
-        """A slot, or QueueFull at once (never waits)."""
+        """A slot, or QueueFull (Closed once the server stops) at once: never waits."""
         with self._lock:
-            if self._admitted >= self.capacity:
+            if self.closed:
+                raise Closed
+            if len(self._slots) >= self.capacity:
                 raise QueueFull
-            self._admitted += 1
-        return Slot(self)
+            slot = Slot(self)
+            self._slots.add(slot)
+        return slot
 
-    def free_slot(self) -> None:
+    def free_slot(self, slot: Slot) -> None:
         with self._lock:
-            self._admitted -= 1
+            self._slots.discard(slot)
 
     @property
     def admitted(self) -> int:
-        return self._admitted
+        return len(self._slots)
+
+    def close(self) -> None:
+        """Admit nothing more (the server is stopping); the slots held run on."""
+        with self._lock:
+            self.closed = True
+
+    def stop_all(self, reason: Exception) -> None:
+        """Stop every admitted job at its next window, telling its client ``reason``."""
+        with self._lock:
+            slots = list(self._slots)
+        for slot in slots:
+            slot.job.stop(reason)
 
     def submit(self, job: Job, fn: Callable[..., Any], *args: Any) -> Future:
         def run() -> Any:
             with self._lock:
                 self.running += 1
+            if job.started is None:
+                job.started = time.monotonic()  # the budget counts work, not the wait in the queue
             try:
                 job.check()  # a job whose client left while it waited in the queue never starts
                 return fn(job, *args)
-            except Cancelled:
+            except Cancelled as e:
                 with self._lock:
-                    self.cancelled += 1
+                    self.cancelled += e.reason is None
                 raise
             finally:
                 with self._lock:
