@@ -18,7 +18,6 @@ from reference import log_mel_spectrogram_numpy
 
 from whisperane.audio import (
     HOP_LENGTH,
-    MAX_SAMPLE_MAGNITUDE,
     N_SAMPLES,
     SAMPLE_RATE,
     AudioStream,
@@ -27,6 +26,7 @@ from whisperane.audio import (
     pad_or_trim,
     probe_duration,
 )
+from whisperane.audio_files import MAX_SAMPLE_MAGNITUDE
 from whisperane.convert.mel import mel_filters
 from whisperane.errors import AudioError
 

@@ -1,26 +1,32 @@
 """Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; probe a file's length.
 
-Files go through soundfile (libsndfile: wav, flac, ogg/opus, mp3, aiff, ...) and soxr; other containers
-(m4a, mp4, webm, ...) go through ffmpeg when it is on PATH. Long files are read as a stream
+Files go through soundfile (libsndfile: wav, flac, ogg/opus, mp3, aiff, ...; see audio_files.py) and soxr;
+other containers (m4a, mp4, webm, ...) go through ffmpeg when it is on PATH. Long files are read as a stream
 (:class:`AudioStream`) so that a two-hour recording never sits in memory whole. (The mel filters are in
 whisperane.convert.mel.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
-import struct
-import subprocess
-import threading
-from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import soxr
 
+from .audio_files import (
+    UNKNOWN_LENGTH,
+    check_path,
+    check_samples,
+    count_frames,
+    ffmpeg_decode,
+    mp3_declares_length,
+    open_soundfile,
+    read_block,
+    undecodable,
+)
 from .errors import AudioError
 
 SAMPLE_RATE = 16000
@@ -36,15 +42,6 @@ INPUT_STRIDE = N_SAMPLES_PER_TOKEN // HOP_LENGTH  # 2 mel frames per encoder fra
 TIME_PRECISION = N_SAMPLES_PER_TOKEN / SAMPLE_RATE  # 0.02 s: one encoder frame, one timestamp token
 
 RESAMPLE_QUALITY = "HQ"
-# Audio lies within +-1 (float files written at integer scale reach about 3.3e4); a sample beyond this is not
-# audio, and passed on it would turn the log-mel non-finite far from the file that caused it.
-MAX_SAMPLE_MAGNITUDE = 1e6
-_UNKNOWN_LENGTH = 2**62  # libsndfile reports SF_COUNT_MAX frames for a length it does not know
-
-# Extensions libsndfile decodes itself; a file with one of these that it cannot open is broken, not exotic.
-_SOUNDFILE_EXTENSIONS = {fmt.lower() for fmt in sf.available_formats()} | {
-    "wave", "oga", "opus", "aif", "aifc", "snd", "sf", "mpeg"}
-
 AudioSource = str | os.PathLike | np.ndarray
 # what `whisperane transcribe DIR` and `whisperane batch DIR` take for audio
 AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".mp4", ".aac", ".webm", ".wma", ".aiff", ".aif", ".mkv", ".mov"}
@@ -77,21 +74,8 @@ def _to_mono_float32(audio: np.ndarray, name: str) -> np.ndarray:
 
     if a.size == 0:
         raise AudioError(f"{name}: contains no audio samples")
-    _check_finite(a, name, offset_seconds=0.0, rate=SAMPLE_RATE)
+    check_samples(a, name, offset_seconds=0.0, rate=SAMPLE_RATE)
     return a
-
-
-def _check_finite(block: np.ndarray, name: str, offset_seconds: float, rate: int) -> None:
-    """Refuse NaN, infinite and absurdly large samples (``block``: (frames[, channels]) from ``offset_seconds``)."""
-    if not block.size or np.abs(block).max() <= MAX_SAMPLE_MAGNITUDE:  # NaN fails the comparison too
-        return
-    flat = block.reshape(-1)
-    first_bad = int(np.argmax(~(np.abs(flat) <= MAX_SAMPLE_MAGNITUDE)))
-    at = offset_seconds + first_bad // (flat.size // len(block)) / rate
-    value = float(flat[first_bad])
-    kind = "NaN or infinite sample values" if not math.isfinite(value) else (
-        f"absurdly large sample values (magnitude {abs(value):.3g}; full scale is 1)")
-    raise AudioError(f"{name}: contains {kind} (first at {at:.2f} s)")
 
 
 def pad_or_trim(array: np.ndarray, length: int = N_SAMPLES, *, axis: int = -1) -> np.ndarray:
@@ -103,160 +87,6 @@ def pad_or_trim(array: np.ndarray, length: int = N_SAMPLES, *, axis: int = -1) -
         pad_widths[axis] = (0, length - array.shape[axis])
         array = np.pad(array, pad_widths)
     return array
-
-
-# --------------------------------------------------------------------------------------------------
-# files
-
-
-def _check_path(path: str | os.PathLike) -> str:
-    name = os.fspath(path)
-    if not os.path.exists(name):
-        raise AudioError(f"{name}: no such file")
-    if os.path.isdir(name):
-        raise AudioError(f"{name}: is a directory, not an audio file")
-    try:
-        with open(name, "rb") as f:
-            head = f.read(12)
-    except OSError as e:
-        raise AudioError(f"{name}: cannot open: {e.strerror or e}") from e
-    if not head:
-        raise AudioError(f"{name}: empty file (0 bytes)")
-    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
-        _check_wav_not_truncated(name)
-    return name
-
-
-def _check_wav_not_truncated(name: str) -> None:
-    """Reject a RIFF/WAVE file whose data chunk declares more bytes than the file holds: libsndfile silently
-    shortens such files to what is there, and a cut-off recording would be transcribed as if complete. Sizes 0
-    and 0xFFFFFFFF are placeholders written by recorders that never finalised the header: read as far as it goes."""
-    size = os.path.getsize(name)
-    with open(name, "rb") as f:
-        pos = 12
-        while pos + 8 <= size:
-            f.seek(pos)
-            chunk_id, chunk_size = struct.unpack("<4sI", f.read(8))
-            if chunk_id == b"data":
-                available = size - pos - 8
-                if chunk_size not in (0, 0xFFFFFFFF) and chunk_size > available:
-                    raise AudioError(f"{name}: truncated WAV file: the header declares {chunk_size} bytes of "
-                                     f"audio but only {available} are present")
-                return
-            pos += 8 + chunk_size + (chunk_size & 1)
-
-
-def _ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
-    ffmpeg = shutil.which("ffmpeg")
-    if ffmpeg is None:
-        raise AudioError(f"{name}: ffmpeg is not on PATH")
-    cmd = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
-           "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, check=False)
-    except OSError as e:
-        raise AudioError(f"{name}: could not run ffmpeg: {e}") from e
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
-        cause = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise AudioError(f"{name}: ffmpeg could not decode it: {cause}")
-    pcm = np.frombuffer(proc.stdout[: len(proc.stdout) // 2 * 2], dtype="<i2")
-    if pcm.size == 0:
-        raise AudioError(f"{name}: contains no audio samples")
-    return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
-
-
-class _ForwardFile(sf.SoundFile):
-    """A SoundFile read strictly forward: soundfile seeks to its own count after every read of a seekable file,
-    which fails at the end of one whose length libsndfile does not know (a FLAC from a streaming encoder)."""
-
-    def seekable(self) -> bool:
-        return False
-
-
-def _open_soundfile(name: str) -> tuple[sf.SoundFile | None, str | None]:
-    """Open with libsndfile; on failure return the reason instead of raising (ffmpeg may still cope)."""
-    try:
-        file = _ForwardFile(name)
-    except Exception as e:  # noqa: BLE001 - libsndfile raises LibsndfileError, RuntimeError, TypeError...
-        return None, _one_line(e)
-    if file.format == "MP3" and file.frames > 0 and not _mp3_declares_length(name):
-        # libsndfile stops reading an MP3 file at its estimate of the length (the file's size over the first
-        # frame's bitrate: far too short for VBR), but has none for a pipe and decodes that to its end
-        piped = _piped(name)
-        if piped is not None:
-            file.close()
-            return piped, None
-    return file, None
-
-
-def _piped(name: str) -> sf.SoundFile | None:
-    """``name`` opened through a pipe that a thread fills (None where libsndfile cannot read it so)."""
-    read_end, write_end = os.pipe()
-
-    def feed() -> None:  # ends quietly where the reader closes the pipe first (or the file went away)
-        with open(write_end, "wb", buffering=0) as pipe, contextlib.suppress(OSError), open(name, "rb") as f:
-            shutil.copyfileobj(f, pipe)
-
-    threading.Thread(target=feed, name=f"pipe {name}", daemon=True).start()
-    try:
-        return _ForwardFile(read_end)  # libsndfile closes the read end on failure too, which ends the thread
-    except Exception:  # noqa: BLE001 - libsndfile raises several types
-        return None
-
-
-def _read_block(file: sf.SoundFile, name: str, at_frame: int, frames: int) -> np.ndarray:
-    """Up to ``frames`` frames (fewer or none at the end) of ``file``, whose read position is ``at_frame``, as
-    float32 (frames, channels); a decoding failure or samples that are not audio raise AudioError."""
-    rate = file.samplerate
-    try:
-        block = file.read(frames, dtype="float32", always_2d=True)
-    except Exception as e:  # noqa: BLE001 - libsndfile errors come in several types
-        raise AudioError(f"{name}: corrupt or truncated audio (decoding failed between {at_frame / rate:.1f} s "
-                         f"and {(at_frame + frames) / rate:.1f} s: {_one_line(e)})") from e
-    _check_finite(block, name, at_frame / rate, rate)
-    return block
-
-
-def _count_frames(file: sf.SoundFile, name: str, limit: int | None = None) -> int:
-    """Frames from ``file``'s start (its read position) to its end, or to one frame past ``limit``."""
-    n, step = 0, 10 * file.samplerate
-    while limit is None or n <= limit:
-        block = _read_block(file, name, n, step if limit is None else min(step, limit + 1 - n))
-        if not len(block):
-            break
-        n += len(block)
-    return n
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    # libsndfile repeats the file name ("Error opening 'x.wav': Format not recognised.")
-    if ": " in text and text.startswith("Error opening"):
-        text = text.split(": ", 1)[1]
-    if text.startswith("Error : "):
-        text = text[len("Error : ") :]
-    # libsndfile's answer when libmpg123 finds no MPEG frame in a file it had already opened; the file is there.
-    if text.startswith("File does not exist or is not a regular file"):
-        text = "no valid audio frames found"
-    return text.rstrip(".")
-
-
-def _mp3_declares_length(name: str) -> bool:
-    """True when an MP3 file carries a Xing/Info/VBRI header: its frame count is then the encoder's, and a
-    file that decodes to much less has been cut off (without one, libsndfile estimates the length from the
-    file size, which says nothing about truncation)."""
-    try:
-        with open(name, "rb") as f:
-            head = f.read(10)
-            if head[:3] == b"ID3" and len(head) == 10:  # skip an ID3v2 tag: 10-byte header, syncsafe size
-                f.seek(10 + ((head[6] & 0x7F) << 21 | (head[7] & 0x7F) << 14 | (head[8] & 0x7F) << 7 | (head[9] & 0x7F)))
-            else:
-                f.seek(0)
-            first_frame = f.read(2048)  # the tag sits right after the first frame's side information
-    except OSError:
-        return False
-    return any(tag in first_frame for tag in (b"Xing", b"Info", b"VBRI"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,13 +104,13 @@ class AudioStream:
 
     def __init__(self, path: str | os.PathLike, *, sample_rate: int = SAMPLE_RATE, block_seconds: float = 10.0,
                  history_seconds: float = CHUNK_LENGTH):
-        self.name = _check_path(path)
+        self.name = check_path(path)
         self.sample_rate = sample_rate
-        file, reason = _open_soundfile(self.name)
+        file, reason = open_soundfile(self.name)
         if file is None:
             if shutil.which("ffmpeg") is not None:
                 raise AudioError(f"{self.name}: libsndfile cannot read it ({reason}); open_audio() decodes it with ffmpeg")
-            raise _undecodable(self.name, reason)
+            raise undecodable(self.name, reason)
         self._init_file(file, block_seconds, history_seconds)
 
     @classmethod
@@ -302,8 +132,8 @@ class AudioStream:
             cause = "no decodable audio (truncated or corrupt)" if compressed else "contains no audio samples"
             raise AudioError(f"{self.name}: {cause}")
         self._header_frames = int(file.frames)
-        self._length_declared = file.format == "MP3" and _mp3_declares_length(self.name)
-        self._length_known = self._header_frames < _UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
+        self._length_declared = file.format == "MP3" and mp3_declares_length(self.name)
+        self._length_known = self._header_frames < UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
         self._total_frames = self._header_frames if self._length_known else None  # None: counted when asked
         self._block_frames = max(1, int(block_seconds * self.source_sample_rate))
         self._history = int(history_seconds * self.sample_rate)
@@ -348,11 +178,11 @@ class AudioStream:
         if self._exhausted:
             return self._buf_start + len(self._buf)
         if self._total_frames is None:
-            file, reason = _open_soundfile(self.name)
+            file, reason = open_soundfile(self.name)
             if file is None:
-                raise _undecodable(self.name, reason)
+                raise undecodable(self.name, reason)
             with file:
-                self._total_frames = _count_frames(file, self.name)
+                self._total_frames = count_frames(file, self.name)
         return round(self._total_frames * self.sample_rate / self.source_sample_rate)
 
     @property
@@ -406,7 +236,7 @@ class AudioStream:
     def _decode_block(self) -> np.ndarray:
         assert self._file is not None
         try:
-            block = _read_block(self._file, self.name, self._frames_read, self._block_frames)
+            block = read_block(self._file, self.name, self._frames_read, self._block_frames)
         except AudioError:
             self.close()
             raise
@@ -457,13 +287,13 @@ def open_audio(source: AudioSource, *, sample_rate: int = SAMPLE_RATE) -> AudioS
         return AudioStream.from_array(source, sample_rate=sample_rate)
     if not isinstance(source, (str, os.PathLike)):
         raise AudioError(f"{source!r}: expected a file path or a numpy array")
-    name = _check_path(source)
-    file, reason = _open_soundfile(name)
+    name = check_path(source)
+    file, reason = open_soundfile(name)
     if file is not None:
         return AudioStream._from_soundfile(name, file, sample_rate)
     if shutil.which("ffmpeg") is not None:
-        return AudioStream.from_array(_ffmpeg_decode(name, sample_rate), name=name, sample_rate=sample_rate)
-    raise _undecodable(name, reason)
+        return AudioStream.from_array(ffmpeg_decode(name, sample_rate), name=name, sample_rate=sample_rate)
+    raise undecodable(name, reason)
 
 
 def probe_duration(source: AudioSource, limit_seconds: float) -> float:
@@ -479,17 +309,7 @@ def probe_duration(source: AudioSource, limit_seconds: float) -> float:
         if stream.length_known and (not float_pcm or stream._header_frames > limit_seconds * rate):
             return stream._header_frames / rate
         limit = int(limit_seconds * rate) if math.isfinite(limit_seconds) else None
-        return _count_frames(stream._file, stream.name, limit) / rate
-
-
-def _undecodable(name: str, reason: str | None) -> AudioError:
-    """The error for a file libsndfile cannot read when there is no ffmpeg to fall back on."""
-    ext = Path(name).suffix.lower().lstrip(".")
-    if ext in _SOUNDFILE_EXTENSIONS:
-        return AudioError(f"{name}: not a valid {ext.upper()} file or corrupt ({reason})")
-    kind = f".{ext} files" if ext else "this format"
-    return AudioError(f"{name}: ffmpeg is needed to decode {kind} (libsndfile: {reason}); "
-                      "install ffmpeg or convert the file to WAV/FLAC")
+        return count_frames(stream._file, stream.name, limit) / rate
 
 
 def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
