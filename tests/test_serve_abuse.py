@@ -343,3 +343,23 @@ def test_sigterm_stops_slow_clients_with_a_clear_answer(tiny_en_bundle, tmp_path
     assert messages[-1]["type"] == "done" and close_code == 1001
     assert answer.startswith(b"HTTP/1.1 503") and b"server_shutting_down" in answer
     assert list(tmp_path.glob("whisperane-spool-*")) == []
+
+
+def test_a_stopped_decode_leaves_its_frames_on_its_thread():
+    """A cancelled job's exception reaches the event loop without the decode's frames (their buffers are freed,
+    and trimmed, on the worker's thread: late frees from another thread grew the resident set by megabytes per
+    cancelled request)."""
+    import asyncio
+    import traceback
+
+    from whisperane.server.workers import Cancelled, DecodePool
+
+    def decode(job):
+        buffers = np.ones(2**20)  # noqa: F841 - what the decode's frame holds
+        job.stop()
+        job.check()
+
+    slot = DecodePool(1, 0).reserve()
+    with pytest.raises(Cancelled) as stopped:
+        asyncio.run(slot.run(decode))
+    assert "decode" not in [frame.name for frame in traceback.extract_tb(stopped.value.__traceback__)]

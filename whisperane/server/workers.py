@@ -18,7 +18,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import WhisperaneError
 from ..runtime.executors import release_freed_memory
+
+
+def _without_frames(e: BaseException) -> BaseException:
+    """``e`` (and what it was raised from) without its traceback. An expected failure would otherwise carry the
+    decode's frames, and with them its audio, mel and encoder buffers, to the event loop's thread, where they are
+    let go after this thread's trim: glibc keeps such late frees in this thread's arena, and the resident set grows
+    with every cancelled request."""
+    link: BaseException | None = e
+    while link is not None:
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return e
 
 
 class Cancelled(Exception):
@@ -144,17 +157,19 @@ class DecodePool:
                 self.running += 1
             if job.started is None:
                 job.started = time.monotonic()  # the budget counts work, not the wait in the queue
+            failure = None
             try:
                 job.check()  # a job whose client left while it waited in the queue never starts
                 return fn(job, *args)
-            except Cancelled as e:
+            except (Cancelled, WhisperaneError) as e:
+                failure = _without_frames(e)
                 with self._lock:
-                    self.cancelled += e.reason is None
-                raise
+                    self.cancelled += isinstance(e, Cancelled) and e.reason is None
             finally:
                 with self._lock:
                     self.running -= 1
                 release_freed_memory()  # what the request freed leaves the resident set with it
+            raise failure
 
         return self._executor.submit(run)
 
