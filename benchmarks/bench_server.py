@@ -78,7 +78,7 @@ class ServerProcess:
     def rss_mb(self) -> float:
         """The resident set of the server and its children (Ray replicas are elsewhere: not counted)."""
         total = 0.0
-        for pid in [self.proc.pid, *_children(self.proc.pid)]:
+        for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
@@ -99,12 +99,12 @@ class ServerProcess:
             self.proc.kill()
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     try:
         kids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-    return kids + [k for c in kids for k in _children(c)]
+    return kids + [k for c in kids for k in child_pids(c)]
 
 
 def whisperane_server(bundle: Path, workers: int, threads: int = 1) -> ServerProcess:
