@@ -100,10 +100,9 @@ class Server:
 
     def budget(self, slot: Slot, audio_seconds: float) -> None:
         budget = self.config.decode_budget(audio_seconds)
-        slot.job.budget_s = budget
-        slot.job.over_budget = ApiError(400, f"the decode took longer than this server allows for {audio_seconds:.1f} s "
-                                        f"of audio ({budget:.0f} s); a prompt that makes the model repeat itself "
-                                        "can do this", code="decode_time_exceeded")
+        slot.job.limit(budget, ApiError(400, f"the decode took longer than this server allows for {audio_seconds:.1f} "
+                                        f"s of audio ({budget:.0f} s); a prompt that makes the model repeat itself "
+                                        "can do this", code="decode_time_exceeded"))
 
     async def transcription(self, request: Request, task: str) -> Response:
         max_bytes = int(self.config.max_upload_mb * 2**20)

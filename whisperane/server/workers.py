@@ -62,6 +62,10 @@ class Job:
     over_budget: Exception | None = None  # the reason given when the budget is spent
     started: float | None = None
 
+    def limit(self, seconds: float, reason: Exception) -> None:
+        """Stop the job, telling its client ``reason``, once it has worked ``seconds``."""
+        self.budget_s, self.over_budget = seconds, reason
+
     def stop(self, reason: Exception | None = None) -> None:
         """Stop at the next window; the first reason given is the one told."""
         if not self.cancel.is_set():
