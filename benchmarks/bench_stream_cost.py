@@ -72,7 +72,7 @@ def main() -> None:
 
 
 def _chunks(path: Path, chunk_s: float):
-    from whisperane.live.sources import file_chunks
+    from whisperane.live.chunks import file_chunks
 
     return file_chunks(path, chunk_s)
 

@@ -313,7 +313,7 @@ def model(tiny_en_bundle):
 def run(model, monkeypatch, capsys):
     """``run(*argv)`` -> (exit code, stdout, stderr lines) of ``whisperane transcribe *argv`` in this process."""
     import whisperane.loading
-    from whisperane import cli
+    from whisperane import command as cli
 
     monkeypatch.setattr(whisperane.loading, "load_model", lambda *a, **k: model)
 

@@ -136,7 +136,7 @@ def test_batched_equals_sequential_where_the_vad_changes_nothing(model, english_
     not asserted here. The sequential loop with openai's seek rule alone: the default mode's voice check moves
     word edges at pauses onto the voice (longform.voiced.edges_onto_voice; JFK's "what" from 4.56 to 5.41 s, out
     of the pause after "not"), which batched mode leaves as they are."""
-    from whisperane.longform.speech import vad_options
+    from whisperane.longform.vad_filter import vad_options
     from whisperane.options import TranscribeOptions
     from whisperane.vad.regions import speech_regions
     from whisperane.vad.silero import default_vad

@@ -29,12 +29,12 @@ from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneratio
 from whisperane.contract import MASK_VALUE
 from whisperane.convert import export_onnx, modules
 from whisperane.convert.checkpoint import Checkpoint, load_checkpoint, to_hf_state_dict
-from whisperane.convert.cli import main
+from whisperane.convert.command import main
 from whisperane.convert.pipeline import convert
 from whisperane.dims import ModelDimensions
 from whisperane.errors import ModelError
 from whisperane.runtime.bundle import BundleInfo, verify_bundle
-from whisperane.runtime.decoder import TokenTable
+from whisperane.runtime.decoder_adapters import TokenTable
 
 MIN_PSNR = 35.0
 # float32 ONNX components against the torch modules they were exported from: measured >= 129.0 dB on every

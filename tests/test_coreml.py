@@ -35,7 +35,7 @@ from whisperane.convert.export_onnx import decoder_example, export_decoder  # no
 from whisperane.convert.prefill import compute_prefill_table  # noqa: E402
 from whisperane.dims import ModelDimensions  # noqa: E402
 from whisperane.runtime.coreml import CoreMLComponent, StatefulDecoder  # noqa: E402
-from whisperane.runtime.decoder import CrossAttention, OneHotDecoder  # noqa: E402
+from whisperane.runtime.decoder_adapters import CrossAttention, OneHotDecoder  # noqa: E402
 from whisperane.runtime.executors import OnnxComponent  # noqa: E402
 from whisperane.runtime.state import CacheLayout  # noqa: E402
 

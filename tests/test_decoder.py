@@ -147,7 +147,7 @@ def test_decoder_graphs_never_copy_the_cross_attention_inputs(tiny_en_bundle, na
 def _scoring_graph(model):
     """The decoder graph that runs the alignment pass (the one-hot adapter's TextDecoderSequence), with the
     variants its converter revision gives, as the decoder reads them at load time."""
-    from whisperane.runtime.decoder import SequenceGraph
+    from whisperane.runtime.decoder_adapters import SequenceGraph
 
     sequence = getattr(model.decoder, "sequence", None)
     return SequenceGraph.of(sequence() if sequence is not None else model.decoder.component)
@@ -158,7 +158,7 @@ def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, wind
     normalisation of the same pass's logits (``Decoder.score``, the path of older bundles): equal to float32
     rounding; on real clips the same words, the same word times, and probabilities equal at the 4 decimals
     the output keeps (a last-decimal rounding flip allowed)."""
-    from whisperane.runtime.decoder import Decoder
+    from whisperane.runtime.decoder_adapters import Decoder
     from whisperane.transcribe import transcribe
 
     tok = model.tokenizer()
@@ -206,7 +206,7 @@ def test_calls_on_an_empty_state_take_no_cache_positions_and_change_nothing(mode
     """A prompt and the alignment pass run on an empty state (converter revision 16 on): the graph gets caches of
     no positions rather than S masked ones, and gives what it gives with all S (the same K/V written, the same
     logits, word probabilities and alignment weights, to float32 rounding: bitwise where measured)."""
-    from whisperane.runtime.decoder import DecoderState, StatePool
+    from whisperane.runtime.decoder_adapters import DecoderState, StatePool
 
     tok = model.tokenizer()
     text = tok.encode(" And so my fellow Americans, ask not what your country can do for you,")
@@ -326,7 +326,7 @@ def test_steps_on_a_growing_state_give_what_all_positions_give(model, window, mo
     """The int8 decoder's states hold only the filled positions (GrowingState): a 100-token prompt and steps past
     it, across two capacity blocks, give the logits, alignment weights and caches that the same calls give on a
     state of all S positions (bitwise where measured)."""
-    from whisperane.runtime.decoder import AppendingDecoder
+    from whisperane.runtime.decoder_adapters import AppendingDecoder
     from whisperane.runtime.state import CAPACITY_BLOCK, DecoderState, GrowingState, StatePool
 
     with model.decoding_state(1) as state:

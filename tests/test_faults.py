@@ -25,7 +25,7 @@ import soxr
 from conftest import CLIPS, CORPUS_DIR, DATA_DIR
 
 import whisperane.loading
-from whisperane import cli
+from whisperane import command as cli
 from whisperane.contract import CONFIG_NAME
 from whisperane.errors import ModelError
 from whisperane.loading import load_model

@@ -157,7 +157,7 @@ def test_cli_transcribes_jfk_with_the_guard(tmp_path, ct2_tiny_en_dir, ct2_base_
     FUZZ_SHAPES' 1-, 3- and 4-layer models, at a shorter context.)"""
     import json
 
-    from whisperane import cli
+    from whisperane import command as cli
 
     source = write_random_checkpoint(TURBO, tmp_path / "source", ct2_tiny_en_dir, ct2_base_dir)
     assert cli.main(["convert", str(source), "--out", str(tmp_path / "bundle")]) == 0

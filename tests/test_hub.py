@@ -17,7 +17,7 @@ import pytest
 from conftest import CLIPS
 
 import whisperane
-from whisperane import cli
+from whisperane import command as cli
 from whisperane.convert.sources import HUB_MODELS, resolve_source
 from whisperane.errors import ModelError
 from whisperane.result import TranscriptionResult

@@ -25,8 +25,8 @@ from conftest import DATA_DIR, REPO_ROOT
 import whisperane
 from whisperane.audio import load_audio
 from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent
-from whisperane.live.policy import agreed_prefix, unconfirmed_part
-from whisperane.live.sources import paced
+from whisperane.live.agreement import agreed_prefix, unconfirmed_part
+from whisperane.live.chunks import paced
 from whisperane.result import Word
 
 JFK = DATA_DIR / "jfk.flac"

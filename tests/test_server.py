@@ -21,7 +21,7 @@ from served import joined_clips, serving  # noqa: E402
 
 import whisperane  # noqa: E402
 from whisperane.audio import load_audio  # noqa: E402
-from whisperane.cli import main as cli_main  # noqa: E402
+from whisperane.command import main as cli_main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data"
@@ -260,14 +260,14 @@ def test_full_queue_is_503_with_retry_after_and_the_key_is_required(models, long
 
 
 def test_serve_binds_loopback_by_default():
-    from whisperane.cli import build_parser
+    from whisperane.command import build_parser
 
     args = build_parser(["serve"]).parse_args(["serve"])
     assert args.host == "127.0.0.1" and args.max_upload_mb == 25 and args.api_key is None
 
 
 def test_serve_encodes_on_the_workers_cores_and_refuses_bad_thread_counts(capsys):
-    from whisperane.cli import build_parser, main
+    from whisperane.command import build_parser, main
     from whisperane.server.command import encoder_threads
 
     parse = lambda *a: build_parser(["serve"]).parse_args(["serve", *a])  # noqa: E731

@@ -26,7 +26,7 @@ from whisperane.longform.hallucinations import (
     word_anomaly_score,
 )
 from whisperane.longform.words import add_word_timestamps, median, segment_text_tokens
-from whisperane.runtime.decoder import text_token_probabilities
+from whisperane.runtime.decoder_adapters import text_token_probabilities
 from whisperane.timing import (
     APPEND_PUNCTUATIONS,
     PREPEND_PUNCTUATIONS,

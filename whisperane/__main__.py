@@ -1,3 +1,3 @@
-from .cli import entry
+from .command import entry
 
 entry()

@@ -17,7 +17,7 @@ import numpy as np
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
 from .options import DecodingOptions, token_ids
-from .runtime.decoder import CrossAttention, logsumexp
+from .runtime.decoder_adapters import CrossAttention, logsumexp
 from .runtime.model import WhisperaneModel
 from .runtime.state import DecoderState
 from .tokenizer import Tokenizer

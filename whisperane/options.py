@@ -2,16 +2,15 @@
 
 ``TranscribeOptions`` carries openai-whisper's ``transcribe()`` names and defaults plus whisperane's own
 (``prefill``, ``alignment``); ``DecodingOptions`` for each window and temperature are derived from it
-(``TranscribeOptions.decoding``). The CLI's transcription flags are built from the fields
-(``add_option_arguments`` / ``options_from_args``), so a new option is one field with its help text.
+(``TranscribeOptions.decoding``). Each field carries its help text, from which ``whisperane.arguments`` builds
+the command lines' flags, so a new option is one field.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import OptionsError
 from .tokenizer import TASKS, normalize_language
@@ -243,59 +242,4 @@ def token_ids(value) -> tuple[int, ...] | None:
     return tuple(ids)
 
 
-# --- the command line -------------------------------------------------------------------------------------
-
-
-def str2bool(v: str) -> bool:
-    if v.lower() in ("true", "1", "yes"):
-        return True
-    if v.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
-
-
-def optional_float(v: str) -> float | None:
-    return None if v.lower() == "none" else float(v)
-
-
-def _argument_type(f) -> dict:
-    """argparse keywords for a field, from its annotation (strings under ``from __future__``)."""
-    kind = str(f.type)
-    if kind == "bool":  # --flag, --flag True/False, --no-flag
-        return {"type": str2bool, "nargs": "?", "const": True}
-    if kind.startswith("float"):
-        return {"type": optional_float if "None" in kind else float}
-    if kind.startswith("int"):
-        return {"type": int}
-    return {"type": str}
-
-
-def add_option_arguments(parser: argparse.ArgumentParser) -> None:
-    """The transcription options as flags (``--best-of``...); temperature as openai-whisper's CLI has it."""
-    for f in fields(TranscribeOptions):
-        meta = dict(f.metadata)
-        if meta.pop("cli", True) is False:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not MISSING else None
-        parser.add_argument(flag, dest=f.name, default=default, **_argument_type(f), **meta)
-        if str(f.type) == "bool":
-            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
-    parser.add_argument("--temperature", type=float, default=0.0, help="first sampling temperature")
-    parser.add_argument("--temperature-increment-on-fallback", type=optional_float, default=0.2,
-                        help="added to the temperature on each fallback; none disables fallback")
-
-
-def options_from_args(args: argparse.Namespace) -> TranscribeOptions:
-    """TranscribeOptions from parsed flags; raises OptionsError for invalid values."""
-    values = {f.name: getattr(args, f.name) for f in fields(TranscribeOptions) if f.metadata.get("cli", True)}
-    start, step = args.temperature, args.temperature_increment_on_fallback
-    if step is not None and step <= 0:
-        raise OptionsError("--temperature-increment-on-fallback must be > 0 (or none)")
-    temps = [start]
-    while step and temps[-1] + step <= 1.0 + 1e-6:
-        temps.append(round(temps[-1] + step, 4))
-    return TranscribeOptions(**values, temperature=tuple(temps))
-
-
-__all__ = ["DecodingOptions", "TranscribeOptions", "add_option_arguments", "options_from_args"]
+__all__ = ["DecodingOptions", "TranscribeOptions"]

@@ -64,7 +64,7 @@ def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.nd
             on_segment(segment)
         return result
     if options.vad_filter:
-        from .longform.speech import transcribe_speech
+        from .longform.vad_filter import transcribe_speech
 
         return transcribe_speech(model, audio, options, progress, on_segment)
     voice = VoiceOnDemand() if options.speech_guard else None

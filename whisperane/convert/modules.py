@@ -364,7 +364,7 @@ class TextDecoderSequence(TextDecoderBase):
         x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache, first)
         # Each layer's heads as a block of rows, [B, sum A_i * T_i, F]: a prompt's last layer has no rows, the
         # others T; a call that reads the weights (first = 0) gives [B, A, T, F] in this memory order (the host's
-        # reshape, ``runtime.decoder.SequenceGraph.alignment``). Gathering the other layers' rows to match the last layer's cost
+        # reshape, ``runtime.decoder_adapters.SequenceGraph.alignment``). Gathering the other layers' rows to match the last layer's cost
         # a one-token step 11 more nodes (~1.5 %); slicing them after their Gather, 3 MB at JFK's peak.
         frames = int(align[0].shape[3])
         weights = torch.cat([reshape(a, KEEP, -1, frames) for a in align], dim=1)

@@ -11,7 +11,7 @@ the same bytes and scales and dequantizes the rows it picks, so the largest tens
 
 With ``host_embedding``, the lookup leaves the graph instead: the ``Gather`` becomes the graph input
 ``token_embeddings`` [B, T, d] and the quantized rows are written to a ``.npy`` file of packed rows (each row's
-bytes, then its block scales' bytes: :func:`pack_rows`; read by ``whisperane.runtime.decoder.TokenTable``), which the host
+bytes, then its block scales' bytes: :func:`pack_rows`; read by ``whisperane.runtime.decoder_adapters.TokenTable``), which the host
 memory-maps and reads a few rows of per call. ONNX Runtime then holds the embedding once, prepacked for the
 logits, rather than twice (its prepacked copy and the bytes the ``Gather`` reads: 20 MB on tiny.en, 26.5 MB on
 base); the host's mapped file is resident only in the pages of the tokens it has looked up.

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..runtime.model import WhisperaneModel
+from .chunks import SimulatedClock, WallClock, file_chunks, paced, pcm_chunks
 from .engine import LiveOptions, LiveTranscriber
 from .events import EVENT_TYPES, StreamEvent
-from .sources import SimulatedClock, WallClock, file_chunks, paced, pcm_chunks
 
 
 def stream(source: str | os.PathLike | io.RawIOBase | io.BufferedIOBase | Iterable[np.ndarray],

@@ -17,12 +17,12 @@ from ..decoding import detect_language
 from ..errors import OptionsError
 from ..options import TranscribeOptions
 from ..result import TranscriptionResult, Word
-from ..runtime.decoder import CrossAttention
+from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
+from .agreement import agreed_prefix, unconfirmed_part
+from .buffer import decode_buffer, encode_buffer
 from .events import StreamEvent, ends_sentence, result_of, words_text
-from .policy import agreed_prefix, unconfirmed_part
-from .window import decode_buffer, encode_buffer
 
 # Word times from the cross-attention gathered while decoding, not a second (teacher-forced) decoder pass: the
 # same text for 5.6 % less CPU an update (benchmarks/results/2026-12-05-live.md); a stream may still ask for it.

@@ -34,7 +34,7 @@ from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, speech_regions
 from ..vad.silero import default_vad
 from ..vad.stream import SpeechStream
 from .seek import SeekLoop, choose_language, empty_result
-from .speech import vad_options
+from .vad_filter import vad_options
 from .window import Window
 from .words import restore_timestamps
 

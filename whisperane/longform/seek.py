@@ -20,7 +20,7 @@ from ..decoding import DecodingResult, decode, detect_language
 from ..errors import WhisperaneError
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments, segment_from_dict
-from ..runtime.decoder import CrossAttention
+from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 from .guard import GUARD_MIN_SPEECH_FRAMES, GUARD_TAIL_MIN_FRAMES, VoiceCheck, VoiceRegions, resume_point

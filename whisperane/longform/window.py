@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
-from ..runtime.decoder import CrossAttention
+from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 
 SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds nothing to transcribe

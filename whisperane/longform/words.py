@@ -14,7 +14,7 @@ import numpy as np
 from .. import timing
 from ..audio import FRAMES_PER_SECOND, INPUT_STRIDE, SAMPLE_RATE
 from ..options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from ..runtime.decoder import CrossAttention
+from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..timing import SENTENCE_END_MARKS, WordTiming, merge_punctuations
 from ..tokenizer import Tokenizer

@@ -59,14 +59,14 @@ def add_batch_parser(subparsers) -> None:
 
 
 def _add_transcription_options(parser: argparse.ArgumentParser) -> None:
-    from ..options import add_option_arguments
+    from ..arguments import add_option_arguments
 
     add_option_arguments(parser)
 
 
 def _transcription_options(args: argparse.Namespace) -> dict:
     """The TranscribeOptions fields the flags give, as keyword arguments of transcribe()."""
-    from ..options import options_from_args
+    from ..arguments import options_from_args
 
     return dataclasses.asdict(options_from_args(args))
 

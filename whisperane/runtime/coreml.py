@@ -20,7 +20,7 @@ from ..contract import (
     VALUE_CACHE,
 )
 from ..errors import ModelError
-from .decoder import CacheLayout, CrossAttention, Decoder, OneHotDecoder
+from .decoder_adapters import CacheLayout, CrossAttention, Decoder, OneHotDecoder
 from .executors import Component
 from .state import DecoderState, StatePool
 

@@ -27,7 +27,7 @@ from ..contract import (
 )
 from ..tokenizer import Tokenizer
 from .bundle import BundleInfo
-from .decoder import CrossAttention, Decoder, cross_attention_reader
+from .decoder_adapters import CrossAttention, Decoder, cross_attention_reader
 from .state import DecoderState
 
 if TYPE_CHECKING:  # imported for annotations only

@@ -23,7 +23,7 @@ from ..errors import ModelError
 from ..options import COMPUTE_TYPES, EXECUTORS
 from .bundle import BundleInfo, rebuild_command
 from .coreml import CoreMLComponent, StatefulDecoder, coreml_has_state
-from .decoder import AppendingDecoder, Decoder, OneHotDecoder, TokenTable
+from .decoder_adapters import AppendingDecoder, Decoder, OneHotDecoder, TokenTable
 from .executors import Component, OnnxComponent, release_freed_memory, uses_cpu_only
 from .state import CacheLayout
 

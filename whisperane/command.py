@@ -1,4 +1,4 @@
-"""Command line: ``whisperane transcribe``, ``convert``, ``batch`` and ``stream`` (whisperane/live/cli.py).
+"""Command line: ``whisperane transcribe``, ``convert``, ``batch`` and ``stream`` (whisperane/live/command.py).
 
 Every failure prints one line ``whisperane: error: <file>: <cause>`` and the exit status is non-zero (1; 2 for
 usage errors; 130 when interrupted by Ctrl-C or SIGTERM). A batch goes on past a bad file and lists the
@@ -31,7 +31,7 @@ from .writers import OUTPUT_FORMATS, SUBTITLE_OPTIONS
 
 
 def add_transcribe_parser(sub) -> None:
-    from .options import add_option_arguments, str2bool
+    from .arguments import add_option_arguments, str2bool
 
     p = sub.add_parser("transcribe", help="transcribe audio files to timestamped text",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -120,7 +120,7 @@ def _output_owner(jobs: list[_Job], formats: str) -> dict[str, str]:
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
-    from .options import options_from_args
+    from .arguments import options_from_args
     from .writers import outputs_complete
 
     if args.threads is not None and args.threads < 0:
@@ -253,10 +253,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"whisperane {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_transcribe_parser(sub)
-    from .convert.cli import add_convert_parser
+    from .convert.command import add_convert_parser
 
     add_convert_parser(sub)
-    from .live.cli import add_stream_parser
+    from .live.command import add_stream_parser
 
     add_stream_parser(sub, add_model_arguments)
     from .server.command import add_serve_parser
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.command == "transcribe":
                     return run_transcribe(args)
                 if args.command == "stream":
-                    from .live.cli import run_stream
+                    from .live.command import run_stream
 
                     return run_stream(args, load_model_from_args)
                 if args.command == "batch":
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     from .server.command import run_serve
 
                     return run_serve(args)
-                from .convert.cli import run_convert
+                from .convert.command import run_convert
 
                 return run_convert(args)
             except KeyboardInterrupt:

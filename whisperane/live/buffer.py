@@ -14,7 +14,7 @@ from ..longform.seek import SeekLoop
 from ..longform.window import Window
 from ..options import TranscribeOptions
 from ..result import Word
-from ..runtime.decoder import CrossAttention
+from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 

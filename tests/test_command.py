@@ -21,7 +21,7 @@ import soundfile as sf
 
 import whisperane.loading
 import whisperane.writers
-from whisperane import cli
+from whisperane import command as cli
 
 REPO = Path(__file__).resolve().parents[1]
 JFK = REPO / "tests" / "data" / "jfk.flac"

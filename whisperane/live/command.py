@@ -15,9 +15,7 @@ from pathlib import Path
 
 from ..audio import open_audio
 from ..errors import WhisperaneError
-from .engine import LiveOptions, LiveTranscriber
-from .render import JsonLines, PlainText, Terminal
-from .sources import (
+from .chunks import (
     CHUNK_S,
     PCM_FORMATS,
     WallClock,
@@ -28,6 +26,8 @@ from .sources import (
     paced,
     pcm_chunks,
 )
+from .engine import LiveOptions, LiveTranscriber
+from .render import JsonLines, PlainText, Terminal
 
 LIVE_HELP = {
     "min_chunk": "seconds of new audio that start an update",
@@ -38,7 +38,7 @@ LIVE_HELP = {
 
 
 def add_stream_parser(sub, add_model_arguments) -> None:
-    from ..options import add_option_arguments
+    from ..arguments import add_option_arguments
 
     p = sub.add_parser("stream", help="live transcription: confirmed and hypothesis text as audio arrives",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -59,7 +59,7 @@ def add_stream_parser(sub, add_model_arguments) -> None:
 
 def run_stream(args: argparse.Namespace, load) -> int:
     """``load(args)``: the model (the CLI's own loader)."""
-    from ..options import options_from_args
+    from ..arguments import options_from_args
 
     if (args.source is None) == (not args.mic):
         print("whisperane: error: give one source: a file, '-' for standard input, or --mic", file=sys.stderr)
