@@ -254,8 +254,8 @@ def decode_windows(model: WhisperaneModel, enc: CrossAttention, options: Decodin
 
 
 def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[list[int]], cross) -> None:
-    """Each row's own prompt into its cache, a row at a time: one padded call for all rows was slower and held
-    more (tiny.en, 8 rows of 200 tokens: 3.05 s and 1.3 GB peak RSS in one call, 2.51 s and 0.5 GB row by row)."""
+    """Each row's own prompt into its cache, a row at a time: one padded call for all rows is slower and holds
+    more (benchmarks/results/2026-12-01-lanes.md)."""
     for r, head in enumerate(heads):
         if head:
             with model.decoding_state(1) as alone:
@@ -287,8 +287,8 @@ def _prefill(model: WhisperaneModel, state: DecoderState, enc: CrossAttention, p
              tokenizer: Tokenizer, options: DecodingOptions) -> tuple[np.ndarray, np.ndarray, float]:
     """Fill the cache with the forced prefix (once, then copied to every row); return (logits that pick the
     first token [V], their alignment row [A, F], no-speech probability). A one-row state (greedy) takes the
-    prefix itself: a second state only for the prefix was one more cache resident for the whole run (tiny.en
-    5.5 MB, base 11 MB) and a copy per window."""
+    prefix itself: a second state only for the prefix would be one more cache resident for the whole run and a
+    copy per window (benchmarks/results/2026-12-03-session16-prefix-state.md)."""
     with contextlib.nullcontext(state) if state.batch == 1 else model.decoding_state(1) as batch1:
         initial, table_positions = plan.initial, 0
         if options.prefill == "table" and plan.sot_index == 0:

@@ -90,7 +90,7 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     return out[:, :n].reshape(x.shape)
 
 
-_MEDIAN_ROWS = 16  # 16 x 750 float32 a lane: as fast as 32 and faster than 8 or 64 rows on [8, 81, 1500]
+_MEDIAN_ROWS = 16  # 16 x 750 float32 a lane, cache-sized (benchmarks/results/2026-12-01-encoder-mha.md)
 
 
 def _middle_pair(network: list[tuple[int, bool, bool]], core: list[np.ndarray], spare: np.ndarray
@@ -137,8 +137,8 @@ def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keeps float32 sums. On real alignment matrices this gives identical word times (tests/test_timing.py
     counts the clips where it does not; tests/dtw_reference.py holds openai's rule).
 
-    Written here rather than imported: dtw-python imports scipy.spatial (0.8 s of a 2.7 s tiny.en run on an
-    11 s file, and 143 MB of an install), and its cost-matrix kernel is the only part needed.
+    Written here rather than imported: dtw-python imports scipy.spatial (a large part of a short file's run and
+    of an install: benchmarks/results/2026-12-01-encoder-mha.md), and its cost-matrix kernel is the only part needed.
     """
     x = np.ascontiguousarray(cost, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:

@@ -5,7 +5,7 @@ special tokens and the language tokens; this module wraps both the way openai-wh
 
 Transcribing only decodes: token ids -> bytes -> text, done here from a table of each token's bytes. Encoding
 text (an initial prompt, a prefix) needs the BPE merges and goes through the `tokenizers` package, loaded on
-first use: loading it costs 30 MB of resident memory that a plain transcription never needs.
+first use: loading it costs resident memory that a plain transcription never needs.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ def weighted_values(w: Tensor, v: Tensor) -> Tensor:
     """Attention weights [B, H, Tq, Tk] applied to values [B', H, Dh, Tk] -> [B, H, Dh, Tq].
 
     Computed as w @ v^T, transposed after: ``v @ w^T`` becomes ONNX Runtime's FusedMatMul(v, w, transB), whose
-    CPU kernel packs w for a product of one column when Tq = 1 (the one-token step): 2.6x the time of this form
-    for one row, 2.1x at 8 rows; w @ v^T is faster for prompts as well
+    CPU kernel packs w for a product of one column when Tq = 1 (the one-token step): slower than this form at
+    one row and at 8; w @ v^T is faster for prompts as well
     (benchmarks/results/2026-12-03-session18-weighted-values.md)."""
     return torch.matmul(w, v.transpose(2, 3)).transpose(2, 3)
 
@@ -82,7 +82,7 @@ def sdpa_chunked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, chunk: in
 
 def sdpa_fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, None]:
     """torch's fused attention, no weights: for computing with the encoder in torch (the prefill table's noise
-    windows: 4x the chunked form's speed), not for export."""
+    windows, faster than the chunked form), not for export."""
     out = F.scaled_dot_product_attention(q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3), attn_mask=mask)
     return out.transpose(2, 3), None
 
@@ -112,7 +112,7 @@ def self_attention(sdpa: str, n_head: int, layout: str) -> Callable[[Tensor, Ten
     """Self-attention as a function of the q, k, v projections in ``layout`` (the encoder's), output in ``layout``:
     one of SDPA_IMPLEMENTATIONS between the head split and merge, or (``"mha"``, BTC only) ONNX Runtime's
     MultiHeadAttention on the projections as they are, exported as one node. Its CPU kernel keeps the
-    [H, 1500, 1500] scores out of memory; the chunked MatMul/Softmax/MatMul form took ~1.8x as long per layer
+    [H, 1500, 1500] scores out of memory; the chunked MatMul/Softmax/MatMul form is slower per layer
     (benchmarks/results/2026-12-01-encoder-mha.md)."""
     if sdpa == "mha":
         if layout == "ane":

@@ -55,7 +55,8 @@ def _kept(x: Tensor, shape: tuple[int, ...]) -> list[int]:
 class _Reshape(torch.autograd.Function):
     """``x`` to ``shape``, where KEEP takes the input's size at that index: exported as one Reshape with a
     constant target. ``x.reshape(x.shape[0], ...)`` is traced into Shape/Gather/Unsqueeze/Concat chains that ONNX
-    Runtime runs on every call where the batch or token count is dynamic (214 of the one-token step's 392 nodes)."""
+    Runtime runs on every call where the batch or token count is dynamic (most of the one-token step's nodes:
+    benchmarks/results/2026-12-05-session22-xeon-amx.md)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, shape: tuple[int, ...]) -> Tensor:  # noqa: ARG004
@@ -189,10 +190,10 @@ class TextLogprobs(torch.autograd.Function):
     logit the terms need no max pass, and the subtraction and exponential run in place (the token's logit is
     read first): one copy of the scored logits beside them. A term overflows only where the token's
     probability is below e^-88, which then comes out as 0. The sum goes in blocks (``sum_blocks``): ONNX
-    Runtime's ReduceSum adds a row's 50k terms one by one in float32 (1.7e-5 off, relative), its LogSoftmax
-    has an approximate exponential (the normaliser 2.4-2.8e-5 too small on every row of real logits), a
-    MatMul with ones would prepack a 3 MB B; blocks of ~3k terms, then the blocks' sums, are within 3e-6 of
-    float64.
+    Runtime's ReduceSum adds a row's 50k terms one by one in float32, its LogSoftmax has an approximate
+    exponential (the normaliser too small on every row of real logits), a MatMul with ones would prepack a B
+    of its own; blocks of ~3k terms, then the blocks' sums, come close to float64 with no extra weights
+    (benchmarks/results/2026-12-03-alignment-logprobs.md).
     """
 
     @staticmethod

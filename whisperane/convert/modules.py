@@ -232,7 +232,7 @@ class TextDecoderBase(nn.Module):
             new_k.append(k)
             new_v.append(v)
             first = tail_from if i == last else None
-            if first is not None:  # a prompt's tail, read by nothing: 22 % of the call (tiny.en, 217 tokens), 18 % (base)
+            if first is not None:  # a prompt's tail, read by nothing, is not computed
                 x, h = rows_from(x, first, self.time_axis), rows_from(h, first, self.time_axis)
             q = heads(block.attn.query(h), block.n_head, lay)
             x = x + block.attn.out(unheads(self_attention(i, q, k, v, first), lay))
@@ -364,12 +364,13 @@ class TextDecoderSequence(TextDecoderBase):
         x, new_k, new_v, align = self.run_blocks(x, self_attention, encoder_attn_key_cache, encoder_attn_value_cache, first)
         # Each layer's heads as a block of rows, [B, sum A_i * T_i, F]: a prompt's last layer has no rows, the
         # others T; a call that reads the weights (first = 0) gives [B, A, T, F] in this memory order (the host's
-        # reshape, ``runtime.decoder_adapters.SequenceGraph.alignment``). Gathering the other layers' rows to match the last layer's cost
-        # a one-token step 11 more nodes (~1.5 %); slicing them after their Gather, 3 MB at JFK's peak.
+        # reshape, ``runtime.decoder_adapters.SequenceGraph.alignment``). Gathering the other layers' rows to match
+        # the last layer's would add nodes to every one-token step, and slicing them after their Gather would raise
+        # the peak (benchmarks/results/2026-12-05-session23-prompt-tail.md).
         frames = int(align[0].shape[3])
         weights = torch.cat([reshape(a, KEEP, -1, frames) for a in align], dim=1)
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
-        # nothing reads, would be half of the call (benchmarks/results/2026-12-05-session23-prompt-tail.md).
+        # nothing reads, would be much of the call (benchmarks/results/2026-12-05-session23-prompt-tail.md).
         logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)
         return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights, logprobs
 

@@ -146,7 +146,7 @@ def _build(ckpt, resolved, tmp: Path, formats, s: int, palettize, tokenizer_dir,
     special = tokens["special_tokens"]
     lang_ids = list(tokens["languages"].values()) if tokens["multilingual"] else []
     task_ids = [special["transcribe"], special["translate"]] if tokens["multilingual"] else []
-    # torch's fused attention: the noise windows through the encoder in a quarter of the exported form's time
+    # torch's fused attention: the noise windows go through the encoder faster than in the exported form
     with modules.attention(encoder, "fused"):
         enc_k, enc_v = random_encoder_outputs(encoder, mel)
     key_table, value_table = compute_prefill_table(sequence, enc_k, enc_v, special["sot"], lang_ids, task_ids, s)

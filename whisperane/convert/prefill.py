@@ -2,10 +2,9 @@
 
 As WhisperKit does it, each entry is the batch mean over encoder outputs of random inputs: the self-attention
 K/V of the prefix depend on the audio only through the cross-attention of earlier layers, weakly, so one
-table serves every window. The random inputs are white noise at -20 to -90 dBFS through the real log-mel:
-measured on base against exact prefill (es, en, de, ja clips), uniformly random log-mels gave K 16-18 dB and
-changed the first greedy token of the de clip, noise audio gives K 26-28 dB, V 22-24 dB and the same first
-token on all four. It is an approximation; exact prefill stays available (and is the runtime's default).
+table serves every window. The random inputs are white noise at -20 to -90 dBFS through the real log-mel: its
+K/V come closer to exact prefill than those of uniformly random log-mels, which can change the first greedy token.
+It is an approximation; exact prefill stays available (and is the runtime's default).
 """
 
 from __future__ import annotations

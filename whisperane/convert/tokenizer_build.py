@@ -235,7 +235,7 @@ def _assemble_from_vocab_and_merges(src: Path) -> dict:
 
 def _with_timestamps(tok: dict, src: Path) -> dict:
     """A copy of ``tok`` with every timestamp token registered right after <|notimestamps|>."""
-    tok = json.loads(json.dumps(tok))  # a deep copy, several times faster than copy.deepcopy here
+    tok = json.loads(json.dumps(tok))  # a deep copy, faster than copy.deepcopy on plain JSON data
     added = tok.setdefault("added_tokens", [])
     ids = _token_ids(tok)
     taken = set(ids.values())

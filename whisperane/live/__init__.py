@@ -1,4 +1,4 @@
-"""Live transcription: confirmed and hypothesis text from audio as it arrives (issue 41).
+"""Live transcription: confirmed and hypothesis text from audio as it arrives.
 
 A ``LiveTranscriber`` (``LiveTranscriber(model, **options)``) takes audio through ``feed()`` and ends with ``finish()``;
 each update decodes the unconfirmed buffer again and confirms the words two consecutive decodings agree on

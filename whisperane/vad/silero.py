@@ -37,8 +37,8 @@ class SileroModelFile:
 # The sequence models (many windows per call) score audio; the streaming ones (one window per call,
 # silero-vad's own form) are the references they are tested against. v6.0 is the default: it is what
 # faster-whisper ships (its silero_vad_v6.onnx, equal to silero-vad 6.0.0's model), and on music-like tones
-# inserted between speech the 6.2.3 model marked 2 to 8 regions of tones alone as speech where v6.0
-# marked none (tests/test_vad.py).
+# inserted between speech (tests/test_vad.py's gapped audio) the 6.2.3 model marks regions of tones alone as
+# speech where v6.0 marks none.
 SILERO_MODELS = {
     "v6.0": SileroModelFile(
         "faster-whisper",
@@ -79,7 +79,7 @@ CONTEXT_SAMPLES = 64  # each window is scored with the 64 samples before it
 STATE_SHAPE = (1, 1, 128)  # the LSTM's h and c
 
 
-# Windows per ONNX Runtime call (16.4 s of audio): the fastest of the sizes tried, 32 to 10000.
+# Windows per ONNX Runtime call (16.4 s of audio): chosen for speed; smaller and larger calls both score slower.
 WINDOWS_PER_CALL = 512
 
 
@@ -151,8 +151,8 @@ def onnx_session(path: str, threads: int) -> ort.InferenceSession:
 class SileroVad:
     """Silero VAD over ONNX Runtime: speech probabilities of 32 ms windows, many windows per call.
 
-    ``threads`` is ONNX Runtime's intra-op thread count: the model is small and its LSTM sequential, and
-    one thread measured fastest here (two were slower on a loaded 2-core machine).
+    ``threads`` is ONNX Runtime's intra-op thread count: the model is small and its LSTM sequential, so one
+    thread is the default (more contend for the cores without speeding the call).
     """
 
     model_path: str | os.PathLike | None = None  # None: the model named ``model``, fetched and cached
