@@ -9,14 +9,14 @@ after it (Gaussian, RMS 0.003, about -50 dBFS, 19-34 dB below the clips' RMS), i
   backwards so that no word time shifts).
 
 All noise is seeded per clip, so every run hears the same audio. The clip's voice is where Silero VAD (the
-project's, with the seek guard's ``VOICED`` options: no padding, a 100 ms pause ends a region) hears speech in
+project's, with the speech guard's ``VOICED`` options: no padding, a 100 ms pause ends a region) hears speech in
 the clean clip: first onset to last offset, plus 15 s on the framed timeline. A word is outside the speech when
 it starts more than 0.5 s after that voice ends or ends more than 0.5 s before it starts.
 
 Systems, each on every clip and variant with 2 threads, ``language="en"``:
 
 - ``whisperane``: its default mode (``load_model(models/<model>).transcribe(audio)``: int8, greedy with the
-  temperature fallback, seek guard on, word timestamps on);
+  temperature fallback, speech guard on, word timestamps on);
 - ``faster-whisper``: int8 on the CTranslate2 weights the bundle is converted from, ``word_timestamps=True`` and
   its own defaults otherwise (beam 5, best of 5, temperatures 0-1 by 0.2, conditioned on the previous text, no
   VAD filter, no hallucination-silence threshold).

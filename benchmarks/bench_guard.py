@@ -1,4 +1,4 @@
-"""The seek guard (issue 11): what it recovers and what it costs, in process, on the >= 10-minute English file.
+"""The speech guard (issue 11): what it recovers and what it costs, in process, on the >= 10-minute English file.
 
 For each configuration (compute type, greedy or beam 5, guard on or off) one transcription of the file with a
 loaded tiny.en model, 2 threads, word timestamps on: WER against the clips' references, the clips left without a
@@ -23,20 +23,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # (label, compute type, beam size, guard)
 CONFIGS = [
     ("int8 greedy, openai's seek rule", "default", None, False),
-    ("int8 greedy, seek guard (default)", "default", None, True),
+    ("int8 greedy, speech guard (default)", "default", None, True),
     ("int8 beam 5, openai's seek rule", "default", 5, False),
-    ("int8 beam 5, seek guard", "default", 5, True),
+    ("int8 beam 5, speech guard", "default", 5, True),
 ]
 
 
 class VadCalls:
-    """Counts the guard's VAD runs and their CPU time (wraps VoiceOnDemand.runs, which both the seek guard and
+    """Counts the guard's VAD runs and their CPU time (wraps VoiceOnDemand.runs, which both the speech guard and
     the rule for segments at one instant call)."""
 
     def __init__(self):
-        from whisperane.longform import guard
+        from whisperane.longform import voice
 
-        self.module = guard
+        self.module = voice
         self.original = self.module.VoiceOnDemand.runs
         self.calls: list[float] = []
         clock = self

@@ -3,7 +3,7 @@
 Three draws of test_vad's gapped audio (the English corpus clips with inserted gaps of digital silence, low noise
 and music-like tones, 270-290 s each; gap seeds 5, 1, 2), tiny.en int8, 2 threads, each transcribed three ways:
 batched (``batch_size=8``), the sequential loop over the VAD's speech (``vad_filter``) and the default sequential
-loop over the whole audio (the seek guard on). WER per file and pooled over the three (their errors over their
+loop over the whole audio (the speech guard on). WER per file and pooled over the three (their errors over their
 words), after Whisper's English normalizer. The bound: pooled, batched at most half a point above each of the
 others. The suite checks one draw with a per-file bound (tests/test_batched.py).
 

@@ -4,7 +4,7 @@ tiny.en int8).
 
 Measured on the corpus's three gapped files (287 s each, gap draws 5, 1, 2, converter revision 11,
 2026-12-02, AMD EPYC), pooled WER: batched 4.77 % (3-4 lanes a file), the sequential loop on the whole audio
-with the seek guard 5.76 % and without it 7.27 %, the sequential loop over the VAD's speech alone
+with the speech guard 5.76 % and without it 7.27 %, the sequential loop over the VAD's speech alone
 (vad_filter) 4.92 %. Per file, batched against the guarded loop moves by -1.8 to +0.7 points (draw 5: -0.22
 on AMD EPYC, +0.68 on an Intel Xeon): one file alone is too few words for a half-point bound.
 
@@ -18,6 +18,7 @@ over five such files, 2026-12-02-lane-cuts.md).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ def english_clips():
 GAP_SEEDS = (5,)
 ONE_FILE_POINTS = 0.01
 # The modes compared on a gapped file: lanes side by side, one lane over the VAD's speech (the same loop, not side
-# by side), the default loop over the whole audio (with the seek guard).
+# by side), the default loop over the whole audio (with the speech guard).
 MODES = {"batched": {"batch_size": 8}, "vad_filter": {"vad_filter": True}, "guarded": {}}
 
 
@@ -86,7 +87,7 @@ def batched_runs(model, gapped) -> list[tuple[object, int]]:
 
 @pytest.fixture(scope="module")
 def results(model, gapped, batched_runs):
-    """Each mode's transcripts of the draws. openai's seek rule alone (the seek guard off) is held against the
+    """Each mode's transcripts of the draws. openai's seek rule alone (the speech guard off) is held against the
     guard in test_longform."""
     results = {mode: [model.transcribe(g.audio, **options) for g in gapped]
                for mode, options in MODES.items() if mode != "batched"}
@@ -124,7 +125,7 @@ def test_lanes_side_by_side_cost_at_most_a_point(wers):
 
 
 def test_lanes_cost_at_most_a_point_against_the_sequential_loop(wers):
-    """Batched mode against the default sequential loop on the whole audio (seek guard on) (corpus gapped file
+    """Batched mode against the default sequential loop on the whole audio (speech guard on) (corpus gapped file
     of draw 5, 2026-12-06, AMD EPYC: batched 5.45 %, sequential 5.00 %)."""
     assert wers["batched"] <= wers["guarded"] + ONE_FILE_POINTS
 
@@ -134,7 +135,7 @@ def test_batched_equals_sequential_where_the_vad_changes_nothing(model, english_
     same words, word times within 20 ms (measured: identical on the 11 such corpus clips). Where the VAD trims
     even 16-208 ms of a clip's lead-in, tiny.en's transcript may differ (a comma, a word): a different input,
     not asserted here. The sequential loop with openai's seek rule alone: the default mode's voice check moves
-    word edges at pauses onto the voice (longform.voiced.edges_onto_voice; JFK's "what" from 4.56 to 5.41 s, out
+    word edges at pauses onto the voice (longform.speech_guard.edges_onto_voice; JFK's "what" from 4.56 to 5.41 s, out
     of the pause after "not"), which batched mode leaves as they are."""
     from whisperane.longform.vad_filter import vad_options
     from whisperane.options import TranscribeOptions
@@ -175,7 +176,7 @@ def test_every_clips_first_word_starts_within_300_ms_of_its_sound(results, gappe
     """No clip's first word is lost or late in a VAD mode where the loop over the whole audio (the default) has it
     within 0.3 s. On the speech-only timeline the first word after a cut is where DTW goes wrong: "Stuff it into
     you" started 0.40 s late (words.start_after_cut now moves such a start back to the voice), the sonnet's "1." was
-    put at one instant in the pause after its voice and cleared by openai's rule (longform.words.instants_onto_voice
+    put at one instant in the pause after its voice and cleared by openai's rule (longform.speech_guard.instants_onto_voice
     keeps it on that voice). Measured (tiny.en int8, AMD EPYC Zen 4, the corpus's three files, 54 clips): 5 clips
     beyond 0.3 s before, none after, in both VAD modes; the whole-audio loop: 4 (tiny.en drops LJ001-0006's "And"
     in all three draws, and starts the sonnet 0.31 s early in the tones before it in one)."""
@@ -187,7 +188,7 @@ def test_every_clips_first_word_starts_within_300_ms_of_its_sound(results, gappe
 @pytest.mark.parametrize("mode", ["batched", "guarded"])
 def test_no_word_starts_in_an_inserted_gap(results, gapped, mode, draw):
     """No word starts in the silence, noise or tones between two clips. The default mode ("guarded") puts the
-    edges of words at a pause onto the VAD's voice (longform.voiced.edges_onto_voice): before it, 9, 8 and 6
+    edges of words at a pause onto the VAD's voice (longform.speech_guard.edges_onto_voice): before it, 9, 8 and 6
     words started in the gaps of the three draws (clips' first words that DTW starts 0.01-0.63 s early, a "for"
     stretched over seconds of tones, words at an instant after a stretched "in"; tiny.en int8, AMD EPYC)."""
     gaps = [(start / SAMPLE_RATE, end / SAMPLE_RATE) for start, end, _ in gapped[draw].gaps]
@@ -243,18 +244,20 @@ def test_batched_segments_and_words_are_in_audio_order(results, draw):
 
 def test_a_segment_across_two_tails_is_split_where_the_later_starts(model):
     from whisperane.longform.lanes import split_at
+    from whisperane.result import Segment, Word
 
     tokenizer = model.tokenizer()
-    words = [{"word": w, "start": s, "end": e, "probability": 0.9} for w, s, e in
-             [(" And", 10.0, 10.2), (" so", 10.2, 10.5), (" my", 40.1, 40.3), (" fellow", 40.3, 40.6)]]
-    segment = {"seek": 0, "start": 10.0, "end": 40.6, "text": " And so my fellow", "words": words,
-               "tokens": tokenizer.encode(" And so my fellow"), "avg_logprob": -0.2}
-    alone = {**segment, "words": words[:2], "start": 10.0, "end": 10.5}
+    words = tuple(Word(w, s, e, 0.9) for w, s, e in
+                  [(" And", 10.0, 10.2), (" so", 10.2, 10.5), (" my", 40.1, 40.3), (" fellow", 40.3, 40.6)])
+    segment = Segment(id=0, seek=0, start=10.0, end=40.6, text=" And so my fellow",
+                      tokens=tuple(tokenizer.encode(" And so my fellow")), temperature=0.0, avg_logprob=-0.2,
+                      compression_ratio=1.0, no_speech_prob=0.1, words=words)
+    alone = replace(segment, words=words[:2], start=10.0, end=10.5)
     parts = split_at([alone, segment], [40.0], tokenizer)
     assert parts[0] is alone
-    assert [(p["text"], p["start"], p["end"]) for p in parts[1:]] == [(" And so", 10.0, 10.5), (" my fellow", 40.1, 40.6)]
-    assert [tokenizer.decode(p["tokens"]) for p in parts[1:]] == [" And so", " my fellow"]
-    assert [p["words"] for p in parts[1:]] == [words[:2], words[2:]]
+    assert [(p.text, p.start, p.end) for p in parts[1:]] == [(" And so", 10.0, 10.5), (" my fellow", 40.1, 40.6)]
+    assert [tokenizer.decode(p.tokens) for p in parts[1:]] == [" And so", " my fellow"]
+    assert [p.words for p in parts[1:]] == [words[:2], words[2:]]
     assert split_at([segment], [5.0, 50.0], tokenizer) == [segment]
 
 
@@ -272,5 +275,5 @@ def test_lanes_tails_share_windows(model, english_clips, gapped, batched_runs, m
     else:
         audio = _gapped_audio(english_clips * math.ceil(3 * lanes.MIN_LANE_SECONDS / speech), seed=GAP_SEEDS[0]).audio
         packed = _counting_windows(model, audio, batch_size=8)[1]
-    monkeypatch.setattr(lanes, "ends_in_a_tail", lambda loop: False)
+    monkeypatch.setattr(lanes.SeekLoop, "ends_in_a_tail", lambda loop: False)
     assert packed < _counting_windows(model, audio, batch_size=8)[1]

@@ -88,7 +88,7 @@ def assert_well_formed(result, n_samples: int, seeks: list[float]) -> None:
             assert s.start <= w.start <= w.end <= s.end, (w, s.start, s.end)
         previous = s
     assert result.text == "".join(s.text for s in result.segments)
-    # The seek moves forward after every window, but for the seek guard's one decoding again of a window
+    # The seek moves forward after every window, but for the speech guard's one decoding again of a window
     # from its start: the loop ends.
     steps = [b - a for a, b in itertools.pairwise(seeks)]
     assert all(step >= 0 for step in steps), f"the seek moved back: {seeks}"
@@ -170,10 +170,10 @@ def test_cli_transcribes_jfk_with_the_guard(tmp_path, ct2_tiny_en_dir, ct2_base_
 
 
 def test_guard_stretch_outside_the_window_audio_has_no_voice():
-    """The crash of a turbo-shaped checkpoint: decoded times past a short window's audio made the seek guard
+    """The crash of a turbo-shaped checkpoint: decoded times past a short window's audio made the speech guard
     hand the VAD an empty slice ("<array>: contains no audio samples"). A stretch is clipped to the audio the
     window holds; one that holds none has no voice, and the VAD still hears the voice inside the audio."""
-    from whisperane.longform.guard import VoiceOnDemand
+    from whisperane.longform.voice import VoiceOnDemand
     from whisperane.longform.window import Window
 
     speech = load_audio(CLIPS["jfk"].path)

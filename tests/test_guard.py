@@ -1,4 +1,4 @@
-"""The seek guard's rule (longform.guard.resume_point): where a window is decoded again when voice
+"""The speech guard's rule for voice without words (longform.speech_guard.resume_point): where a window is decoded again when voice
 produced no words, and when it is not. The voiced regions are given (VoiceRegions), so the rule is checked
 apart from Silero; tests/test_batched.py checks the guard end to end on real speech (WER of a gapped file), and
 the last test here the guard's re-decoding of speech a first window jumps over."""
@@ -10,7 +10,8 @@ import pytest
 from conftest import CORPUS_DIR, DATA_DIR
 
 from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio
-from whisperane.longform import guard, words
+from whisperane.longform import speech_guard as guard
+from whisperane.longform.voice import VoiceRegions
 from whisperane.longform.window import Window
 
 GUARD = guard.GUARD_MIN_SPEECH_FRAMES
@@ -27,7 +28,7 @@ def _window(seek: int) -> Window:
 
 def _resume(segments, seek, voiced_seconds, window_seek=0, resumed=()):
     frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
-    return guard.resume_point(guard.VoiceRegions(frames), set(resumed), _window(window_seek), segments, seek)
+    return guard.resume_point(VoiceRegions(frames), window_seek not in resumed, _window(window_seek), segments, seek)
 
 
 def test_voice_after_an_early_stop_resumes_after_the_last_segment():
@@ -90,7 +91,7 @@ def test_a_segment_without_word_timestamps_covers_its_span():
 
 def _instants(segments, voiced_seconds, window_seek=0):
     frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
-    words.instants_onto_voice(_window(window_seek), segments, guard.VoiceRegions(frames))
+    guard.instants_onto_voice(_window(window_seek), segments, VoiceRegions(frames))
     return [(s["start"], s["end"], [(w["start"], w["end"]) for w in s["words"]]) for s in segments]
 
 
@@ -109,7 +110,7 @@ def test_a_segment_dtw_puts_at_an_instant_takes_the_unheard_voice_between_its_ne
     assert _instants([two], [(0.2, 1.0)])[0][2] == [(0.2, 0.5), (0.5, 1.0)]
 
 
-@pytest.mark.parametrize("voiced", [[], [(126.38, 126.38 + (words.INSTANT_MIN_VOICE_FRAMES - 1) / 100)],
+@pytest.mark.parametrize("voiced", [[], [(126.38, 126.38 + (guard.INSTANT_MIN_VOICE_FRAMES - 1) / 100)],
                                     [(124.0, 125.38), (128.7, 131.0)]])
 def test_an_instant_without_unheard_voice_is_left_to_openais_rule(voiced):
     """No voice, less than INSTANT_MIN_VOICE_FRAMES of it, or voice only under the neighbours' words: unchanged."""

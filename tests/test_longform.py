@@ -138,7 +138,7 @@ def _transcribe(audio: LongAudio, model, **options):
 
 def test_whisperane_matches_openai_whisper(long_audio, whisperane_tiny_en, openai_results):
     """Identical transcript and segments (window, text, start and end to 0.01 s; a segment spans its words) to
-    openai-whisper's own transcribe on the same weights in float32, with openai's seek rule alone (the seek guard
+    openai-whisper's own transcribe on the same weights in float32, with openai's seek rule alone (the speech guard
     off): the next window starts at the last word's DTW end, so every later window sees the same audio and the
     same previous-text prompt."""
     theirs = openai_results(long_audio)
@@ -150,12 +150,12 @@ def test_whisperane_matches_openai_whisper(long_audio, whisperane_tiny_en, opena
 
 
 def test_the_seek_guard_keeps_speech_openai_whisper_skips(long_audio, whisperane_tiny_en, openai_results):
-    """The default loop (the seek guard on) leaves no clip of the file without words, and keeps every word
+    """The default loop (the speech guard on) leaves no clip of the file without words, and keeps every word
     openai-whisper transcribes. Measured (corpus, long-seed2-noise-50dB): openai's first window starts its
     transcript at the second clip, "Stuff it into you, his belly counseled him." (3.3 s) left without words; the
     guard decodes that stretch alone (a first window has no prompt to drop) and keeps it."""
     theirs = openai_results(long_audio)
-    ours = _timed("whisperane, seek guard", long_audio, lambda: _transcribe(long_audio, whisperane_tiny_en))
+    ours = _timed("whisperane, speech guard", long_audio, lambda: _transcribe(long_audio, whisperane_tiny_en))
     mids = np.array([(w.start + w.end) / 2 for s in ours.segments for w in s.words])
     empty = [c for c, a, b in zip(long_audio.clip_ids, long_audio.clip_starts, long_audio.clip_ends, strict=True)
              if not np.any((mids >= a) & (mids <= b))]

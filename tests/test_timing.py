@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 import whisperane
 import whisperane.timing
 from whisperane.longform.hallucinations import (
-    get_end,
     is_segment_anomaly,
     next_words_segment,
     word_anomaly_score,
 )
+from whisperane.longform.step import get_end
 from whisperane.longform.words import add_word_timestamps, median, segment_text_tokens
 from whisperane.runtime.decoder_adapters import text_token_probabilities
 from whisperane.timing import (

@@ -85,7 +85,7 @@ def test_tiny_en_matches_faster_whisper(tiny, ct2_tiny_en_dir):
 
     (whisperane moves word edges that DTW leaves in silence onto sound, e.g. the first word of
     1089-134691-0000 starts at the voice, 0.58 s, where faster-whisper starts it at 0.0. The default mode also
-    moves word edges at pauses onto the VAD's voice, longform.voiced.edges_onto_voice: its starts then lie further
+    moves word edges at pauses onto the VAD's voice, longform.speech_guard.edges_onto_voice: its starts then lie further
     from faster-whisper's, p95 0.36 s, and nearer the corpus's published word times, 2026-12-06-session29-voiced-edges.md.)
     """
     d_start, d_end = [], []

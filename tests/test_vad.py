@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from whisperane.audio import N_SAMPLES, SAMPLE_RATE, load_audio, open_audio
 from whisperane.errors import ModelError, OptionsError
 from whisperane.longform.words import restore_timestamps
+from whisperane.result import Segment, Word
 from whisperane.util import file_sha256
 from whisperane.vad import regions as vad_regions
 from whisperane.vad import silero as vad_silero
@@ -36,6 +37,19 @@ TONE_AMPLITUDE = 0.2
 MIN_VOICED_FRAMES = 3  # 30 ms: the shortest run of loud 10 ms frames counted as speech by the energy rule
 # faster-whisper's batched pipeline runs the VAD with these (transcribe.py, BatchedInferencePipeline).
 BATCHED_OPTIONS = vad_regions.VadOptions(max_speech_duration_s=30, min_silence_duration_ms=160)
+
+
+def _restore(segments: list[dict], time_map, voiced=None) -> None:
+    """``restore_timestamps`` on segments written as dicts (the shape these tests draw), its times written back."""
+    typed = [Segment(id=i, seek=0, start=s["start"], end=s["end"], text="", tokens=(), temperature=0.0, avg_logprob=0.0,
+                     compression_ratio=1.0, no_speech_prob=0.0,
+                     words=tuple(Word(w.get("word", ""), w["start"], w["end"], 1.0) for w in s.get("words") or []))
+             for i, s in enumerate(segments)]
+    for s, restored in zip(segments, restore_timestamps(typed, time_map, voiced), strict=True):
+        s["start"], s["end"] = restored.start, restored.end
+        for w, r in zip(s.get("words") or [], restored.words, strict=True):
+            w["start"], w["end"] = r.start, r.end
+
 
 
 # --------------------------------------------------------------------------------------------------
@@ -617,7 +631,7 @@ def test_restored_times_round_trip_stay_in_speech_and_keep_their_order(regions, 
     time_map = vad_regions.SpeechTimestampsMap(regions)
     segments = data.draw(_segments_strategy(time_map.n_samples / SAMPLE_RATE))
     originals = json.loads(json.dumps(segments))
-    restore_timestamps(segments, time_map)
+    _restore(segments, time_map)
     flat = []
     for segment, original in zip(segments, originals, strict=True):
         spans = _spans(segment)
@@ -646,7 +660,7 @@ def test_restored_times_match_faster_whisper(regions, data):
         return bool(np.abs(time * SAMPLE_RATE - ends).min() <= 1)
 
     speech_spans = [_spans(segment) for segment in segments]
-    restore_timestamps(segments, time_map)
+    _restore(segments, time_map)
     for ours, theirs, spans in zip(segments, fw_segments, speech_spans, strict=True):
         pairs = list(zip(ours["words"], theirs.words or [], strict=True)) or [(ours, theirs)]
         for (mine, fw), (start, end) in zip(pairs, spans, strict=True):
@@ -670,7 +684,7 @@ def test_restored_times_on_region_boundaries():
         {"start": 1.5, "end": 3.1, "words": [{"word": "", "start": a, "end": b} for a, b in words]},
         {"start": 2.0, "end": 3.0, "words": []},
     ]
-    restore_timestamps(segments, vad_regions.SpeechTimestampsMap(regions))
+    _restore(segments, vad_regions.SpeechTimestampsMap(regions))
     assert _spans(segments[0]) == [(2.5, 3.0), (5.0, 5.0), (5.0, 5.5), (5.9, 10.1)]
     assert (segments[0]["start"], segments[0]["end"]) == (2.5, 10.1)
     assert (segments[1]["start"], segments[1]["end"]) == (5.0, 6.0)
@@ -690,7 +704,7 @@ def test_words_across_removed_audio_stay_where_the_vad_hears_them():
 
     def restored(voiced_from: float, voiced_to: float) -> tuple[float, float]:
         segments = [{"start": 1.9, "end": 2.4, "words": [{"word": " For", "start": 1.9, "end": 2.4}]}]
-        restore_timestamps(segments, time_map, (times >= voiced_from) & (times < voiced_to))
+        _restore(segments, time_map, (times >= voiced_from) & (times < voiced_to))
         return segments[0]["words"][0]["start"], segments[0]["words"][0]["end"]
 
     assert restored(10.2, 11.0) == (pytest.approx(10.208, abs=1e-3), 10.4)
@@ -710,7 +724,7 @@ def test_start_in_a_padded_head_after_removed_audio_moves_to_the_voice():
     def restored(region_bounds, start: float, end: float) -> tuple[float, float]:
         regions = [vad_regions.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in region_bounds]
         segments = [{"start": start, "end": end, "words": [{"word": " For", "start": start, "end": end}]}]
-        restore_timestamps(segments, vad_regions.SpeechTimestampsMap(regions), voiced)
+        _restore(segments, vad_regions.SpeechTimestampsMap(regions), voiced)
         return segments[0]["words"][0]["start"], segments[0]["words"][0]["end"]
 
     assert restored(((1, 3), (10, 12)), 2.05, 2.4) == (pytest.approx(10.208, abs=1e-3), 10.4)
@@ -731,7 +745,7 @@ def test_late_first_word_after_removed_audio_starts_at_the_voice():
     def restored(voiced, words, bounds=((1, 3), (10, 12))) -> list[tuple[float, float]]:
         regions = [vad_regions.SpeechRegion(a * SAMPLE_RATE, b * SAMPLE_RATE) for a, b in bounds]
         segment = {"start": words[0][0], "end": words[-1][1], "words": [{"word": " w", "start": a, "end": b} for a, b in words]}
-        restore_timestamps([segment], vad_regions.SpeechTimestampsMap(regions), voiced)
+        _restore([segment], vad_regions.SpeechTimestampsMap(regions), voiced)
         return [(w["start"], w["end"]) for w in segment["words"]]
 
     voice = times >= 10.2
@@ -758,7 +772,7 @@ def test_restored_corpus_words_come_back_to_the_clips(gapped, gapped_file_stream
             segments.append({"start": speech[0]["start"], "end": speech[-1]["end"], "words": speech})
     assert len(expected) >= 100
     fw_segments = _faster_whisper_restored(segments, stream.regions)
-    restore_timestamps(segments, time_map)
+    _restore(segments, time_map)
     restored = [(w["start"], w["end"]) for s in segments for w in s["words"]]
     np.testing.assert_allclose(restored, expected, rtol=0, atol=1e-3)
     reference = [(w.start, w.end) for s in fw_segments for w in s.words]

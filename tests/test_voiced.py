@@ -1,4 +1,4 @@
-"""Words only where there is voice (longform.voiced, issue 44): the rule with given voiced regions, then end to end on
+"""Words only where there is voice (the speech guard's checks of words, longform.speech_guard): the rule with given voiced regions, then end to end on
 speech clips framed by 15 s of digital silence before and 15 s of low noise after, in the default mode.
 
 benchmarks/bench_framed.py measures the same on every English corpus clip and three variants, beside
@@ -11,8 +11,8 @@ import pytest
 from conftest import CORPUS_DIR, DATA_CLIPS, corpus_entries
 
 from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio
-from whisperane.longform import voiced
-from whisperane.longform.guard import VoiceRegions
+from whisperane.longform import speech_guard as voiced
+from whisperane.longform.voice import VoiceRegions
 from whisperane.longform.window import Window
 
 WINDOW = Window(0, N_FRAMES, None, np.zeros(N_FRAMES * HOP_LENGTH, np.float32))
@@ -129,7 +129,7 @@ def _framed_clips() -> list:
 def test_a_framed_clip_gives_its_sentence_and_no_words_outside_its_speech(tiny_int8_model, path, text):
     """tiny.en, the default mode, a clip between 15 s of zeros and 15 s of low noise: every word within 0.5 s of
     the clip's voice, and words to the ends of that voice (the sentence whole: its spelling is the model's). The
-    loop before longform.voiced wrote 1089-134686-0001 and 1272-128104-0000 again in the noise (31.84-33.24 s)
+    loop without the speech guard's checks of words wrote 1089-134686-0001 and 1272-128104-0000 again in the noise (31.84-33.24 s)
     and ended LJ001-0007 at "of about" (22.12 s), its "1455" judged no speech with the noise after it."""
     audio = load_audio(path)
     rng = np.random.default_rng(44)

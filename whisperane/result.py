@@ -1,9 +1,10 @@
 """The result of a transcription, as ``transcribe`` returns it: frozen dataclasses whose ``to_dict`` is the
-JSON that ``whisperane transcribe`` writes (openai-whisper's keys), built from the seek loop's segment dicts."""
+JSON that ``whisperane transcribe`` writes (openai-whisper's keys). The seek loop builds the segments."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,6 +41,14 @@ class Segment:
             d.pop("words")
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Segment:
+        """The inverse of ``to_dict``: a segment without ``words`` (or with None) has none."""
+        words = d.get("words")
+        return cls(id=d["id"], seek=d["seek"], start=d["start"], end=d["end"], text=d["text"], tokens=tuple(d["tokens"]),
+                   temperature=d["temperature"], avg_logprob=d["avg_logprob"], compression_ratio=d["compression_ratio"],
+                   no_speech_prob=d["no_speech_prob"], words=None if words is None else tuple(Word(**w) for w in words))
+
 
 @dataclass(frozen=True)
 class TranscriptionResult:
@@ -56,25 +65,27 @@ class TranscriptionResult:
             d["language_probs"] = dict(sorted(self.language_probs.items(), key=lambda kv: -kv[1])[:5])
         return d
 
-
-def segment_from_dict(s: dict, with_words: bool) -> Segment:
-    """A Segment from the seek loop's dict of one segment; times rounded to 1 ms, probabilities to 4 decimals."""
-    words = None
-    if with_words:
-        words = tuple(Word(w["word"], float(w["start"]), float(w["end"]), round(float(w["probability"]), 4)) for w in s.get("words", []))
-    return Segment(
-        id=s["id"], seek=int(s["seek"]), start=round(float(s["start"]), 3), end=round(float(s["end"]), 3), text=s["text"],
-        tokens=tuple(int(t) for t in s["tokens"]), temperature=float(s["temperature"]),
-        avg_logprob=float(s["avg_logprob"]), compression_ratio=float(s["compression_ratio"]),
-        no_speech_prob=float(s["no_speech_prob"]), words=words,
-    )
+    @classmethod
+    def from_dict(cls, d: dict) -> TranscriptionResult:
+        """The inverse of ``to_dict``, for a result read back from JSON (a batch row, a saved file); keys
+        ``to_dict`` does not write are ignored (a batch row's ``error``, ``sha256``, ...)."""
+        return cls(text=d["text"], language=d["language"], duration=d["duration"],
+                   segments=tuple(Segment.from_dict(s) for s in d["segments"]), language_probs=d.get("language_probs"))
 
 
-def result_from_segments(segments: list[dict], tokenizer: Tokenizer, duration: float, language_probs, with_words: bool) -> TranscriptionResult:
-    """The result of a whole file from its segments (in audio order)."""
-    for i, s in enumerate(segments):
-        s["id"] = i
-    text = tokenizer.decode([t for s in segments for t in s["tokens"] if t < tokenizer.eot])
+def rounded(segment: Segment, segment_id: int) -> Segment:
+    """A segment as the result holds it: numbered ``segment_id``, its times rounded to 1 ms and its words'
+    probabilities to 4 decimals (the loop keeps them unrounded: vad_filter and batched mode map times after it)."""
+    words = None if segment.words is None else tuple(replace(w, probability=round(w.probability, 4)) for w in segment.words)
+    return replace(segment, id=segment_id, start=round(segment.start, 3), end=round(segment.end, 3), words=words)
+
+
+def result_from_segments(segments: Sequence[Segment], tokenizer: Tokenizer, duration: float, language_probs,
+                         with_words: bool) -> TranscriptionResult:
+    """The result of a whole file from its segments (in audio order); ``with_words``: each segment's words are
+    given (an empty tuple for one without), else None."""
+    text = tokenizer.decode([t for s in segments for t in s.tokens if t < tokenizer.eot])
+    kept = (s if with_words or s.words is None else replace(s, words=None) for s in segments)
     return TranscriptionResult(text=text, language=tokenizer.language, duration=round(duration, 3),
-                               segments=tuple(segment_from_dict(s, with_words) for s in segments),
+                               segments=tuple(rounded(s, i) for i, s in enumerate(kept)),
                                language_probs=language_probs)

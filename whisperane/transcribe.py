@@ -12,8 +12,8 @@ import numpy as np
 
 from .audio import N_SAMPLES, AudioStream, open_audio
 from .errors import OptionsError
-from .longform.guard import VoiceOnDemand
 from .longform.seek import SeekLoop
+from .longform.speech_guard import SpeechGuard
 from .options import TranscribeOptions
 from .result import Segment, TranscriptionResult, Word
 from .runtime.model import WhisperaneModel
@@ -67,14 +67,14 @@ def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.nd
         from .longform.vad_filter import transcribe_speech
 
         return transcribe_speech(model, audio, options, progress, on_segment)
-    voice = VoiceOnDemand() if options.speech_guard else None
+    guard = SpeechGuard.on_demand() if options.speech_guard else None
     peak = None
     if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
         with open_audio(audio) as first_pass:  # one window (<= 30 s): its own peak is the file's
             peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
-        return SeekLoop(model, stream, options, progress, voice, peak, on_segment, voiced_words=True).run()
+        return SeekLoop(model, stream, options, progress, guard, peak, on_segment).run()
     finally:
         if stream is not audio:
             stream.close()

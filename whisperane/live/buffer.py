@@ -1,16 +1,16 @@
-"""One decoding of a stream's audio buffer (under 30 s): the seek loop's single-window step, so the buffer
-gets the filters a file gets (temperature fallback, the no-speech rule, word timestamps from the alignment
+"""One decoding of a stream's audio buffer (under 30 s): the seek loop's window step, so the buffer gets the
+filters a file gets (temperature fallback, the no-speech rule, word timestamps from the alignment
 heads, word edges moved out of silence)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio import HOP_LENGTH, N_FRAMES, AudioStream
-from ..longform.guard import VoiceRegions
-from ..longform.seek import SeekLoop
+from ..audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from ..longform.speech_guard import SpeechGuard
+from ..longform.step import WindowStep
 from ..longform.window import Window
 from ..options import TranscribeOptions
 from ..result import Word
@@ -36,22 +36,23 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
                   tokenizer: Tokenizer, prompt: str, voiced: list[tuple[int, int]] | None = None) -> BufferDecoding:
     """Decode ``samples`` (at most 30 s; ``enc`` its encoding) as one window, prompted with ``prompt`` (the
     text before the buffer). ``voiced``: the buffer's voiced runs (mel frames): words are kept only where there
-    is voice (longform.voiced), as in a file's default mode; the next update decodes the buffer again, so a
-    window is never decoded twice here."""
+    is voice (the speech guard's checks of words), as in a file's default mode; the next update decodes the buffer
+    again, so the guard never decodes it again here."""
     size = min(N_FRAMES, len(samples) // HOP_LENGTH)
     if size == 0:
         return BufferDecoding((), frozenset())
-    voice = VoiceRegions(voiced) if voiced is not None else None
-    loop = SeekLoop(model, AudioStream.from_array(samples, name="<stream>"), options, None, voice, voiced_words=True)
-    loop.resumed.add(0)  # the one window: checked, never decoded again
-    loop.begin(tokenizer, None, previous_text=tokenizer.encode(" " + prompt.strip()) if prompt.strip() else [])
+    guard = SpeechGuard.of_voiced_frames(voiced) if voiced is not None else None
+    step = WindowStep(model, options, tokenizer, None, guard)
+    previous_text = tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
+    content_frames = len(samples) // HOP_LENGTH
+    audio_end = len(samples) if size >= content_frames else size * HOP_LENGTH
     with model.in_use():
-        loop.finish_window(Window(0, size, enc, samples))
+        outcome = step(Window(0, size, enc, samples), previous_text, 0, may_resume=False, last_speech=0.0,
+                       content_frames=content_frames, audio_end=audio_end / SAMPLE_RATE)
     words: list[Word] = []
     ends: set[int] = set()
-    for segment in loop.all_segments:
-        for w in segment.get("words") or []:
-            words.append(Word(w["word"], float(w["start"]), float(w["end"]), round(float(w["probability"]), 4)))
+    for segment in outcome.segments:
+        words.extend(replace(w, probability=round(w.probability, 4)) for w in segment.words or ())
         if words:
             ends.add(len(words) - 1)
     return BufferDecoding(tuple(words), frozenset(ends))

@@ -38,14 +38,6 @@ def next_words_segment(segments: Sequence[dict]) -> dict | None:
     return next((s for s in segments if s.get("words")), None)
 
 
-def get_end(segments: Sequence[dict]) -> float | None:
-    """End of the last word of the segments, else the last segment's end, else None (openai's utils.get_end)."""
-    return next(
-        (w["end"] for s in reversed(segments) for w in reversed(s.get("words") or [])),
-        segments[-1]["end"] if segments else None,
-    )
-
-
 def skip_hallucinations(threshold: float, last_speech_timestamp: float, content_frames: int, w: Window,
                     segments: list[dict], seek: int) -> tuple[int, list[dict], bool]:
     """openai-whisper's hallucination_silence_threshold: skip silence around anomalous segments."""

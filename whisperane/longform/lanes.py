@@ -3,7 +3,7 @@ found by Silero VAD in ``batch_size`` lanes transcribed side by side.
 
 The speech regions (at most 30 s each) are split into ``batch_size`` lanes of consecutive regions with about
 equal speech. Each lane is the sequential loop over its speech alone (as ``vad_filter``): 30 s windows from
-the seek, its own previous text as the prompt, the seek guard, openai's rules. The lanes advance together: per
+the seek, its own previous text as the prompt, the speech guard, openai's rules. The lanes advance together: per
 step, the next window of every lane goes through the encoder (a call each, into one reused batch:
 ``WhisperaneModel.encode_rows`` says why) and through the decoder in one call per token (each row at its own cache position, with its own prompt, cross K/V,
 timestamp rules and stopping: ``decoding.decode_windows``); a window whose greedy result fails openai's
@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, AudioStream
+from ..audio import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, AudioStream
 from ..decoding import decode_windows
 from ..options import TranscribeOptions
-from ..result import TranscriptionResult, result_from_segments
+from ..result import Segment, TranscriptionResult, result_from_segments
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, speech_regions
@@ -127,7 +127,7 @@ def transcribe_batched(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     duration = n_samples / SAMPLE_RATE
     if not regions:
         return empty_result(model, options, duration)
-    voiced_regions = speech_regions(probabilities, n_samples, VOICED)  # for every loop's seek guard, found once
+    voiced_regions = speech_regions(probabilities, n_samples, VOICED)  # for every loop's speech guard, found once
 
     def open_bin(tails: list[Tail]) -> SeekLoop:
         speech = SpeechStream(open_stream(), [r for tail in tails for r in tail.regions], n_samples, probabilities)
@@ -146,12 +146,11 @@ def transcribe_batched(model: WhisperaneModel, open_stream: Callable[[], AudioSt
             loop.stream.close()
     segments, voiced = [], probabilities >= vad.threshold
     for lane in lanes:
-        restore_timestamps(lane.all_segments, lane.stream.time_map, voiced)
-        segments.extend(lane.all_segments)
+        segments.extend(restore_timestamps(lane.segments, lane.stream.time_map, voiced))
     for b, tails in rounds.bins:
-        restore_timestamps(b.all_segments, b.stream.time_map, voiced)
-        segments.extend(split_at(b.all_segments, [tail.regions[0].start_s for tail in tails[1:]], b.tokenizer))
-    segments.sort(key=lambda s: s["start"])  # stable: lanes are in audio order, bins hold what lanes left
+        restored = restore_timestamps(b.segments, b.stream.time_map, voiced)
+        segments.extend(split_at(restored, [tail.regions[0].start_s for tail in tails[1:]], b.tokenizer))
+    segments.sort(key=lambda s: s.start)  # stable: lanes are in audio order, bins hold what lanes left
     return result_from_segments(segments, lanes[0].tokenizer, duration, lanes[0].language_probs, options.word_timestamps)
 
 
@@ -181,23 +180,23 @@ def pack_tails(tails: Sequence[Tail]) -> list[list[Tail]]:
     return [sorted(b, key=lambda t: t.regions[0].start) for b in bins]
 
 
-def split_at(segments: list[dict], junctions: Sequence[float], tokenizer: Tokenizer) -> list[dict]:
+def split_at(segments: list[Segment], junctions: Sequence[float], tokenizer: Tokenizer) -> list[Segment]:
     """A bin's segments (original times, with words) split where a later lane's tail starts (``junctions``,
     seconds): the two sides lie apart in the audio, other lanes' segments between them. The text and tokens
     of each part are its words'."""
     out = []
     for segment in segments:
-        words = segment.get("words") or []
-        starts = [w["start"] for w in words]
+        words = segment.words or ()
+        starts = [w.start for w in words]
         cuts = sorted({bisect.bisect_left(starts, j) for j in junctions} - {0, len(words)})
         if not cuts:
             out.append(segment)
             continue
         for a, b in zip([0, *cuts], [*cuts, len(words)], strict=True):
             part = words[a:b]
-            text = "".join(w["word"] for w in part)
-            out.append({**segment, "words": part, "text": text, "tokens": tokenizer.encode(text),
-                        "start": part[0]["start"], "end": part[-1]["end"]})
+            text = "".join(w.word for w in part)
+            out.append(replace(segment, words=part, text=text, tokens=tuple(tokenizer.encode(text)),
+                               start=part[0].start, end=part[-1].end))
     return out
 
 
@@ -222,7 +221,7 @@ class _Rounds:
         self.lanes = lanes
         active, waiting = list(lanes), []
         while True:
-            if defer_tails and (ending := [loop for loop in active if loop in lanes and ends_in_a_tail(loop)]):
+            if defer_tails and (ending := [loop for loop in active if loop in lanes and loop.ends_in_a_tail()]):
                 waiting += [Tail(loop, loop.stream.regions_from(loop.seek * HOP_LENGTH)) for loop in ending]
                 active = [loop for loop in active if loop not in ending]
             batch = [(loop, w) for loop in active if (w := loop.next_window()) is not None]
@@ -268,9 +267,3 @@ class _Rounds:
         for i, (loop, w) in enumerate(batch):
             loop.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
 
-
-def ends_in_a_tail(loop: SeekLoop) -> bool:
-    """Whether a loop's next window would be its last and not full, after at least one window of its own (one
-    the seek guard bounds is not: ``window_end``)."""
-    left = loop.content_frames - loop.seek
-    return loop.window_index > 0 and loop.window_end is None and 0 < left < N_FRAMES

@@ -20,7 +20,7 @@ def vad_options(options: TranscribeOptions, batched: bool) -> VadOptions:
 
 def transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions, progress,
                       on_segment=None) -> TranscriptionResult:
-    """vad_filter: the seek loop over the speech alone (with the seek guard), its times put back on the
+    """vad_filter: the seek loop over the speech alone (with the speech guard), its times put back on the
     original audio."""
     vad = vad_options(options, batched=False)
     with speech_stream(audio, vad) as stream:
@@ -29,5 +29,5 @@ def transcribe_speech(model: WhisperaneModel, audio, options: TranscribeOptions,
             return empty_result(model, options, duration)
         loop = SeekLoop.over_speech(model, stream, options, progress, on_segment=on_segment)
         loop.run_windows()
-        restore_timestamps(loop.all_segments, stream.time_map, stream.probabilities >= vad.threshold)
-        return result_from_segments(loop.all_segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)
+        segments = restore_timestamps(loop.segments, stream.time_map, stream.probabilities >= vad.threshold)
+        return result_from_segments(segments, loop.tokenizer, duration, loop.language_probs, options.word_timestamps)

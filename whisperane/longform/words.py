@@ -1,26 +1,25 @@
-"""Word times, in one place: the alignment pass (``teacher_forced``, ``add_words``), openai-whisper's placement of
-the aligned words in a window's segments (``add_word_timestamps``) and whisperane's own adjustments: word
-edges moved out of digital silence (``trim_words_to_sound``), a segment DTW put at one instant moved onto the
-voice the VAD hears (``instants_onto_voice``), and times on VAD speech put back on the original audio
-(``restore_timestamps``)."""
+"""Word times: the alignment pass (``teacher_forced``, ``add_words``), openai-whisper's placement of the aligned
+words in a window's segments (``add_word_timestamps``), and two rules of whisperane's own, each named for what it
+does: word edges moved out of digital silence (``trim_words_to_sound``) and times on VAD speech put back on the
+original audio (``restore_timestamps``, ``start_after_cut``). The speech guard's rules, which move words onto the
+voice the VAD hears, are in ``speech_guard``."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from .. import timing
-from ..audio import FRAMES_PER_SECOND, INPUT_STRIDE, SAMPLE_RATE
+from ..audio import INPUT_STRIDE, SAMPLE_RATE
 from ..options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
+from ..result import Segment
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..timing import SENTENCE_END_MARKS, WordTiming, merge_punctuations
 from ..tokenizer import Tokenizer
 from ..vad.regions import WINDOW_SAMPLES, SpeechRegion, SpeechTimestampsMap
-from .guard import VoiceCheck
-from .window import Window
 
 
 def teacher_forced(model: WhisperaneModel, enc: CrossAttention, texts: list[list[int]],
@@ -97,37 +96,6 @@ def trim_words_to_sound(segments: list[dict], samples: np.ndarray, time_offset: 
                 w["end"] = round(time_offset + (b - int(np.argmax(sounding[a:b][::-1]))) / 50, 2)
 
 
-# Voice that no word covers, enough to hold a segment that DTW put at one instant (the sonnet's "1." had 0.39 s).
-INSTANT_MIN_VOICE_FRAMES = 20
-
-
-def instants_onto_voice(w: Window, segments: list[dict], voice: VoiceCheck) -> None:
-    """A decoded segment whose words DTW put at one instant (start == end) is cleared by openai's loop; where
-    the VAD hears a run of INSTANT_MIN_VOICE_FRAMES or more of voice between the words before and after it (not
-    the voice running on from their edges), its words share the run nearest to the instant (by their characters)
-    and the text is kept (tiny.en, the sonnet after a VAD cut: "1." decoded between "surpassed." and "From", put
-    0.43 s after its 0.39 s of voice, in the pause). One run: an instant that ends a window must not reach over
-    the voice after it, which the next window decodes."""
-    words = [x for s in segments for x in s.get("words") or []]
-    position = {id(x): i for i, x in enumerate(words)}
-    for s in segments:
-        own = s.get("words") or []
-        if not own or s["start"] != s["end"] or not s["text"].strip():
-            continue
-        first, after = position[id(own[0])], position[id(own[-1])] + 1
-        low = words[first - 1]["end"] if first else w.time_offset
-        high = words[after]["start"] if after < len(words) else w.end_time
-        start, end = w.frame(low), w.frame(high)
-        runs = voice.runs(w, start, end) if end - start >= INSTANT_MIN_VOICE_FRAMES else []
-        runs = [(a, b) for a, b in runs if (a > start or not first) and (b < end or after == len(words))]
-        instant = (s["start"] - w.time_offset) * FRAMES_PER_SECOND
-        a, b = min(runs, key=lambda r: max(r[0] - instant, instant - r[1], 0), default=(0, 0))
-        if b - a < INSTANT_MIN_VOICE_FRAMES:
-            continue
-        spread_by_characters(own, w.time(a), w.time(b))
-        s["start"], s["end"] = own[0]["start"], own[-1]["end"]
-
-
 def spread_by_characters(words: list[dict], start: float, end: float) -> None:
     """``words`` given ``start``..``end``, each a share by its characters (one at least)."""
     lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in words)])
@@ -167,9 +135,9 @@ def clamp_sentence_boundaries(alignment: list[WordTiming], max_duration: float) 
         aligned = result[i]
         if aligned.end - aligned.start > max_duration:
             if aligned.word in SENTENCE_END_MARKS:
-                result[i] = dataclasses.replace(aligned, end=aligned.start + max_duration)
+                result[i] = replace(aligned, end=aligned.start + max_duration)
             elif result[i - 1].word in SENTENCE_END_MARKS:
-                result[i] = dataclasses.replace(aligned, start=aligned.end - max_duration)
+                result[i] = replace(aligned, start=aligned.end - max_duration)
     return result
 
 
@@ -290,8 +258,9 @@ def _keep_in_order(segment: dict, words: list[dict], previous_end: float) -> flo
 RESTORED_TIME_DECIMALS = 3
 
 
-def restore_timestamps(segments: list[dict], time_map: SpeechTimestampsMap, voiced: np.ndarray | None = None) -> None:
-    """Put segment and word times measured on the speech-only audio back on the original audio, in place.
+def restore_timestamps(segments: Sequence[Segment], time_map: SpeechTimestampsMap,
+                       voiced: np.ndarray | None = None) -> list[Segment]:
+    """The segments with their times and their words' measured on the speech-only audio put back on the original audio.
 
     As faster-whisper's ``restore_speech_timestamps``, except for a word across the boundary of two regions:
     its start is mapped in the region it starts in and its end in the region it ends in (faster-whisper maps
@@ -305,15 +274,19 @@ def restore_timestamps(segments: list[dict], time_map: SpeechTimestampsMap, voic
     decreases, so times keep their order. ``seek`` stays on the speech-only timeline.
     """
     previous_end = 0.0  # the original end of the word before (a region's first word follows removed audio)
+    restored = []
     for segment in segments:
-        words = segment.get("words") or []
-        for word in words:
-            word["start"], word["end"] = _restored_span(word["start"], word["end"], time_map, voiced, previous_end)
-            previous_end = word["end"]
-        if words:
-            segment["start"], segment["end"] = words[0]["start"], words[-1]["end"]
-        else:
-            segment["start"], segment["end"] = _restored_span(segment["start"], segment["end"], time_map)
+        if not segment.words:
+            start, end = _restored_span(segment.start, segment.end, time_map)
+            restored.append(replace(segment, start=start, end=end))
+            continue
+        words = []
+        for word in segment.words:
+            start, end = _restored_span(word.start, word.end, time_map, voiced, previous_end)
+            words.append(replace(word, start=start, end=end))
+            previous_end = end
+        restored.append(replace(segment, words=tuple(words), start=words[0].start, end=words[-1].end))
+    return restored
 
 
 def _restored_span(start: float, end: float, time_map: SpeechTimestampsMap, voiced: np.ndarray | None = None,

@@ -85,7 +85,7 @@ class SpeechRegion:
         return self.end / SAMPLE_RATE
 
 
-# Where the VAD hears voice itself, for a check that speech produced words (the seek guard): no padding, and a
+# Where the VAD hears voice itself, for a check that speech produced words (the speech guard): no padding, and a
 # pause of 100 ms ends a region (the defaults' 2 s pauses and 400 ms pads count a sentence break as speech).
 VOICED = VadOptions(min_silence_duration_ms=100, speech_pad_ms=0)
 

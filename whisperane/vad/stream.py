@@ -52,7 +52,7 @@ class SpeechStream:
         self._buf_start = 0  # speech-only index of self._buf[0]
         self._keep_from = 0  # reads may not start before this index
         # The VAD's window probabilities over the original audio, when known: other region rules (vad.VOICED for
-        # the seek guard) are derived from them without a second VAD pass.
+        # the speech guard) are derived from them without a second VAD pass.
         self.probabilities = np.zeros(0, dtype=np.float32) if probabilities is None else probabilities
 
     @property
