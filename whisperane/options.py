@@ -110,6 +110,18 @@ class TranscribeOptions:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def check_options_for_model(options: TranscribeOptions, is_multilingual: bool) -> None:
+    """OptionsError where ``options`` ask what the model cannot do: an English-only model neither translates nor
+    transcribes another language. Options are checked alone when made; this is their one check against a model
+    (``transcribe()``, a live stream and the server call it before any audio is read)."""
+    if is_multilingual:
+        return
+    if options.task == "translate":
+        raise OptionsError("English-only models cannot translate; use a multilingual model")
+    if options.language not in (None, "en"):
+        raise OptionsError(f"English-only models transcribe English only, not {options.language!r}")
+
+
 @dataclass(frozen=True)
 class DecodingOptions:
     task: str = "transcribe"

@@ -15,7 +15,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE
 from ..decoding import detect_language
 from ..errors import OptionsError
-from ..options import TranscribeOptions
+from ..options import TranscribeOptions, check_options_for_model
 from ..result import TranscriptionResult, Word
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
@@ -82,10 +82,7 @@ class LiveTranscriber:
 
     def __init__(self, model: WhisperaneModel, clock: Callable[[], float] | None = None, **options):
         self.live, self.options = split_options(options)
-        if not model.is_multilingual and self.options.task == "translate":
-            raise OptionsError("English-only models cannot translate; use a multilingual model")
-        if not model.is_multilingual and self.options.language not in (None, "en"):
-            raise OptionsError(f"English-only models transcribe English only, not {self.options.language!r}")
+        check_options_for_model(self.options, model.is_multilingual)
         self.model = model
         self.options = replace(self.options, initial_prompt=None, speech_guard=False)
         self._initial_prompt = (options.get("initial_prompt") or "").strip()
