@@ -253,6 +253,27 @@ def test_transcribe_dataset_returns_a_ray_dataset(local_ray, tiny_en_bundle, aud
     assert [(r["path"], r["text"], r["error"]) for r in rows] == [(path, reference[path]["text"], None)]
 
 
+def test_a_long_files_row_is_the_clis_result(tiny_en_bundle, tmp_path):
+    """Over 30 s, each window's log-mel is floored from the file's peak (the quiet start here is read against
+    the loud end), as `whisperane transcribe` does; the row reads back as transcribe()'s result (from_dict)."""
+    import dataclasses
+
+    import numpy as np
+    import soundfile as sf
+
+    from whisperane.audio import load_audio
+    from whisperane.result import TranscriptionResult
+
+    jfk, hour = load_audio(str(DATA_DIR / "jfk.flac")), load_audio(str(DATA_DIR / "1089-134691-0001.flac"))
+    path = tmp_path / "quiet_then_loud.wav"
+    pause = np.zeros(8 * 16000, np.float32)
+    sf.write(str(path), np.concatenate([jfk * 0.02, pause, hour * 0.02, pause, jfk, hour]), 16000, subtype="PCM_16")
+    actor = dataset._Transcriber(str(tiny_en_bundle), "tiny.en", 1, "default",
+                                 dataclasses.asdict(whisperane.TranscribeOptions()))
+    row = actor.transcribe_file(str(path))
+    assert TranscriptionResult.from_dict(row) == whisperane.transcribe(str(path), model=actor.model)
+
+
 def test_bad_invocations_fail_in_one_line(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"file": "a.wav"}\n')

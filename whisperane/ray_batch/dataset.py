@@ -43,11 +43,11 @@ class _Transcriber:
         row: dict[str, Any] = {"model": self.model_name, "options": self.options_json}
         try:
             row["sha256"] = file_sha256(path)
-            stream = open_audio(path)
-            try:
-                result = whisperane.transcribe(stream, model=self._model(), **self.options)
-            finally:
-                stream.close()
+            with open_audio(path):  # a bad file fails here, before the model is loaded
+                pass
+            # By path, as the CLI: transcribe() floors each window's log-mel from the file's peak (a first pass over
+            # the file), where a stream it is given keeps each window's own.
+            result = whisperane.transcribe(path, model=self._model(), **self.options)
             return {**row, **result.to_dict()}
         except ModelUnavailable:
             raise  # no file can be transcribed: the run stops with this error
