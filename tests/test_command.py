@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 import whisperane.loading
-import whisperane.writers
+import whisperane.util
 from whisperane import command as cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,7 +244,7 @@ def test_output_dir_that_is_a_file(run, tmp_path):
 
 @pytest.mark.parametrize(
     "where, error, cause",
-    [("write", errno.ENOSPC, "No space left on device"), ("open", errno.EACCES, "Permission denied")],
+    [("fsync", errno.ENOSPC, "No space left on device"), ("open", errno.EACCES, "Permission denied")],
     ids=["disk-full", "permission-denied"],
 )
 def test_write_failure_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch, where, error, cause):
@@ -255,7 +255,7 @@ def test_write_failure_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch
             return real(*args, **kwargs)
         raise OSError(error, os.strerror(error))
 
-    monkeypatch.setattr(whisperane.writers.os, where, failing)
+    monkeypatch.setattr(whisperane.util.os, where, failing)  # the one atomic write (a full disk fails its fsync)
     out = tmp_path / "out"
     code, _, err = run(SHORTER[0], "-o", out)
     monkeypatch.undo()

@@ -1,10 +1,12 @@
-"""Output writers: exact file contents, subtitle cue rules, deterministic JSON, atomic writes."""
+"""Output writers: exact file contents, subtitle cue rules, deterministic JSON, atomic writes; the result's
+``from_dict``."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 from whisperane import writers
 from whisperane.errors import OutputError
+from whisperane.result import Segment, TranscriptionResult
 from whisperane.writers import (
     atomic_write_text,
     format_timestamp,
@@ -21,7 +24,7 @@ from whisperane.writers import (
 )
 
 
-def make_result() -> dict:
+def result_dict() -> dict:
     """Two segments; the second crosses the one-hour mark. Word timings differ from segment bounds."""
     return {
         "text": " Hello world. Second line here.",
@@ -65,14 +68,18 @@ def make_result() -> dict:
     }
 
 
-def without_words(result: dict) -> dict:
-    result = copy.deepcopy(result)
-    for segment in result["segments"]:
+def make_result(data: dict | None = None) -> TranscriptionResult:
+    return TranscriptionResult.from_dict(result_dict() if data is None else data)
+
+
+def without_words(data: dict) -> dict:
+    data = copy.deepcopy(data)
+    for segment in data["segments"]:
         del segment["words"]
-    return result
+    return data
 
 
-def write(tmp_path: Path, fmt: str, result: dict, **options) -> str:
+def write(tmp_path: Path, fmt: str, result: TranscriptionResult, **options) -> str:
     path = get_writer(fmt, tmp_path)(result, "/recordings/talk.show.m4a", options)
     assert path == tmp_path / f"talk.show.{fmt}"
     return path.read_text(encoding="utf-8")
@@ -99,24 +106,24 @@ def test_txt(tmp_path):
 
 
 def test_tsv_integer_milliseconds_and_tabs(tmp_path):
-    result = make_result()
-    result["segments"][1]["text"] = " Second\tline here."
-    assert write(tmp_path, "tsv", result) == (
+    data = result_dict()
+    data["segments"][1]["text"] = " Second\tline here."
+    assert write(tmp_path, "tsv", make_result(data)) == (
         "start\tend\ttext\n0\t1600\tHello world.\n3599500\t3601250\tSecond line here.\n"
     )
 
 
 def test_srt_segments(tmp_path):
-    result = without_words(make_result())
-    result["segments"][0]["text"] = " Hello --> world."
-    assert write(tmp_path, "srt", result) == (
+    data = without_words(result_dict())
+    data["segments"][0]["text"] = " Hello --> world."
+    assert write(tmp_path, "srt", make_result(data)) == (
         "1\n00:00:00,000 --> 00:00:01,600\nHello -> world.\n\n"
         "2\n00:59:59,500 --> 01:00:01,250\nSecond line here.\n\n"
     )
 
 
 def test_vtt_segments(tmp_path):
-    assert write(tmp_path, "vtt", without_words(make_result())) == (
+    assert write(tmp_path, "vtt", make_result(without_words(result_dict()))) == (
         "WEBVTT\n\n00:00.000 --> 00:01.600\nHello world.\n\n59:59.500 --> 01:00:01.250\nSecond line here.\n\n"
     )
 
@@ -150,7 +157,7 @@ def test_max_words_per_line(tmp_path):
 
 def test_highlight_words(tmp_path):
     result = make_result()
-    result["segments"] = result["segments"][:1]
+    result = replace(result, segments=result.segments[:1])
     assert write(tmp_path, "vtt", result, highlight_words=True) == (
         "WEBVTT\n\n"
         "00:00.200 --> 00:00.600\n<u>Hello</u> world.\n\n"
@@ -183,15 +190,15 @@ def test_options_dict_and_keywords_agree(tmp_path):
 
 
 def test_json_is_deterministic_and_utf8(tmp_path):
-    result = make_result()
-    result["segments"][0]["text"] = " こんにちは、世界。"
+    data = result_dict()
+    data["segments"][0]["text"] = " こんにちは、世界。"
+    result = make_result(data)
     first = get_writer("json", tmp_path / "a")(result, "talk.wav")  # creates the directory
-    # the same values built in another key order and with numpy types give the same bytes
-    shuffled = {k: result[k] for k in reversed(list(result))}
-    shuffled["segments"] = [{k: s[k] for k in sorted(s)} for s in copy.deepcopy(result["segments"])]
-    shuffled["segments"][1]["tokens"] = np.array(result["segments"][1]["tokens"], dtype=np.int64)
-    shuffled["segments"][1]["temperature"] = np.float32(0.2)
-    second = get_writer("json", tmp_path / "b")(shuffled, "talk.wav")
+    # the same values as numpy types (as arrays hold them) give the same bytes
+    second_segment = replace(result.segments[1], tokens=tuple(np.array(result.segments[1].tokens, dtype=np.int64)),
+                             temperature=np.float32(0.2))
+    numpy_valued = replace(result, segments=(result.segments[0], second_segment))
+    second = get_writer("json", tmp_path / "b")(numpy_valued, "talk.wav")
     assert first.read_bytes() == second.read_bytes()
     raw = first.read_bytes()
     assert "こんにちは".encode() in raw  # not \u-escaped
@@ -203,14 +210,24 @@ def test_json_is_deterministic_and_utf8(tmp_path):
 
 
 def test_json_round_trips_and_writes_nan_as_null(tmp_path):
-    result = make_result()
-    result["segments"][0]["avg_logprob"] = float("nan")
-    loaded = json.loads(write(tmp_path, "json", result))
+    data = result_dict()
+    data["segments"][0]["avg_logprob"] = float("nan")
+    loaded = json.loads(write(tmp_path, "json", make_result(data)))
     assert loaded["segments"][0]["avg_logprob"] is None
     loaded["segments"][0]["avg_logprob"] = float("nan")
-    expected = make_result()
-    expected["segments"][0]["avg_logprob"] = float("nan")
-    assert json.dumps(loaded, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert json.dumps(loaded, sort_keys=True) == json.dumps(data, sort_keys=True)
+
+
+@pytest.mark.parametrize("words", [True, False], ids=["words", "no-words"])
+def test_from_dict_is_the_inverse_of_to_dict(tmp_path, words):
+    data = {**(result_dict() if words else without_words(result_dict())), "language_probs": {"en": 0.9, "de": 0.05}}
+    result = TranscriptionResult.from_dict(data)
+    assert result.to_dict() == data and TranscriptionResult.from_dict(result.to_dict()) == result
+    assert isinstance(result.segments[0], Segment) and result.segments[0].tokens == (50364, 2425, 1002, 13)
+    assert (result.segments[1].words is None) == (not words)
+    # what the JSON writer wrote reads back as the same result (a batch row's extra keys are ignored)
+    written = json.loads(write(tmp_path, "json", result))
+    assert TranscriptionResult.from_dict({**written, "sha256": "0" * 64, "error": None}) == result
 
 
 # --- files ------------------------------------------------------------------------------------------

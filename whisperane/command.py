@@ -27,6 +27,7 @@ from . import __version__
 from .console import ModelUnavailable, describe_error, print_error
 from .errors import WhisperaneError
 from .options import COMPUTE_TYPES, EXECUTORS
+from .result import TranscriptionResult
 from .writers import OUTPUT_FORMATS, SUBTITLE_OPTIONS
 
 
@@ -200,19 +201,19 @@ class _FileRunner:
         finally:
             if bar:
                 bar.close()
-        self._write(job, result.to_dict(), t0)
+        self._write(job, result, t0)
 
-    def _write(self, job: _Job, data: dict, t0: float) -> None:
+    def _write(self, job: _Job, result: TranscriptionResult, t0: float) -> None:
         from .writers import WriteJSON, get_writer
 
         if self.args.verbose:
-            for s in data["segments"]:
-                print(f"[{s['start']:8.2f} --> {s['end']:8.2f}] {s['text']}", file=sys.stderr)
+            for s in result.segments:
+                print(f"[{s.start:8.2f} --> {s.end:8.2f}] {s.text}", file=sys.stderr)
         if self.to_stdout:
-            sys.stdout.write(WriteJSON(".").render(data))
+            sys.stdout.write(WriteJSON(".").render(result))
             sys.stdout.flush()
             return
-        written = get_writer(self.args.output_format, job.output_dir)(data, job.path, self.writer_options)
+        written = get_writer(self.args.output_format, job.output_dir)(result, job.path, self.writer_options)
         names = ", ".join(str(w) for w in (written if isinstance(written, list) else [written]))
         print(f"whisperane: {job.path} -> {names} ({time.time() - t0:.2f} s)", file=sys.stderr)
 

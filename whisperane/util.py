@@ -3,6 +3,7 @@ writes and fetching a wheel from PyPI."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import subprocess
@@ -55,7 +56,7 @@ TEMP_GLOB = ".*.tmp"  # the temporary files atomic_write leaves when killed mid-
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Write a file through ``write(f)`` so that ``path`` only ever holds a complete file: a temporary file in
     the same directory, fsync, ``os.replace``, then the directory synced. Raises OSError (the temporary file
-    removed)."""
+    removed); the one atomic write of the package (``writers.atomic_write_text`` is this for text)."""
     path = Path(path)
     tmp = _create_temp(path)
     try:
@@ -83,7 +84,7 @@ def _create_temp(path: Path) -> Path:
             return tmp
         except FileExistsError:
             continue
-    raise FileExistsError(f"{path}: cannot create a temporary file next to it")
+    raise FileExistsError(errno.EEXIST, "cannot create a temporary file next to it", str(path))
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -1,9 +1,9 @@
 """Output writers: json (default), txt, srt, vtt, tsv, as openai-whisper writes them.
 
-A result is the plain dict openai-whisper's ``transcribe()`` returns (``text``, ``segments``,
-``language``), extended with ``duration``. Every file is rendered to a string first and then written
-atomically (temporary file in the same directory, fsync, ``os.replace``), so an interrupted run never
-leaves a partial file under a final name.
+Every writer takes the :class:`~whisperane.result.TranscriptionResult` that ``transcribe()`` returns; the JSON
+writer writes its ``to_dict()``. Every file is rendered to a string first and then written atomically
+(``util.atomic_write``: a temporary file in the same directory, fsync, ``os.replace``), so an interrupted run
+never leaves a partial file under a final name.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from .errors import OutputError
+from .result import Segment, TranscriptionResult, Word
+from .util import atomic_write
 
 OUTPUT_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
 
@@ -36,67 +39,18 @@ SUBTITLE_OPTIONS = ("max_line_width", "max_line_count", "highlight_words", "max_
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
-    """Write ``text`` to ``path`` so that the final name only ever holds a complete file."""
+    """Write ``text`` to ``path`` (its directory created) so that the final name only ever holds a complete
+    file; an OSError becomes an OutputError that names the file."""
     path = Path(path)
     data = text.encode(encoding)
-    directory = path.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"{path}: cannot create the output directory: {e.strerror or e}") from e
-    tmp = _create_temp(path)
     try:
-        fd = os.open(tmp, os.O_WRONLY)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as e:
-        _remove_quietly(tmp)
-        if isinstance(e, OSError):
-            raise OutputError(f"{path}: cannot write: {e.strerror or e}") from e
-        raise
-    _fsync_directory(directory)
-    return path
-
-
-def _create_temp(path: Path) -> Path:
-    # O_EXCL with mode 0o666 gives the permissions an ordinary open() would (umask applies).
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return tmp
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise OutputError(f"{path}: cannot write: {e.strerror or e}") from e
-    raise OutputError(f"{path}: cannot create a temporary file next to it")
-
-
-def _remove_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        return atomic_write(path, lambda f: f.write(data))
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write: {e.strerror or e}") from e
 
 
 # --------------------------------------------------------------------------------------------------
@@ -131,20 +85,20 @@ class ResultWriter:
         return self.output_dir / f"{Path(audio_path).stem}.{self.extension}"
 
     def __call__(
-        self, result: dict, audio_path: str | os.PathLike, options: dict | None = None, **kwargs
+        self, result: TranscriptionResult, audio_path: str | os.PathLike, options: dict | None = None, **kwargs
     ) -> Path:
         text = self.render(result, options, **kwargs)
         return atomic_write_text(self.output_path(audio_path), text)
 
-    def render(self, result: dict, options: dict | None = None, **kwargs) -> str:
+    def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
         raise NotImplementedError
 
 
 class WriteTXT(ResultWriter):
     extension = "txt"
 
-    def render(self, result: dict, options: dict | None = None, **kwargs) -> str:
-        return "".join(f"{segment['text'].strip()}\n" for segment in result["segments"])
+    def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
+        return "".join(f"{segment.text.strip()}\n" for segment in result.segments)
 
 
 def _options(options: dict | None, kwargs: dict) -> dict:
@@ -167,26 +121,26 @@ class SubtitlesWriter(ResultWriter):
         return format_timestamp(seconds, self.always_include_hours, self.decimal_marker)
 
     def iterate_result(
-        self, result: dict, options: dict | None = None, **kwargs
+        self, result: TranscriptionResult, options: dict | None = None, **kwargs
     ) -> Iterator[tuple[str, str, str]]:
         """(start, end, text) for each cue."""
         opts = _options(options, kwargs)
-        segments = result["segments"]
-        if any(segment.get("words") for segment in segments):
+        segments = result.segments
+        if any(segment.words for segment in segments):
             for cue in _word_cues(segments, opts):
                 yield from self._render_word_cue(cue, bool(opts["highlight_words"]))
         else:
             for segment in segments:
                 yield (
-                    self.format_timestamp(segment["start"]),
-                    self.format_timestamp(segment["end"]),
-                    _cue_text(segment["text"].strip()),
+                    self.format_timestamp(segment.start),
+                    self.format_timestamp(segment.end),
+                    _cue_text(segment.text.strip()),
                 )
 
-    def _render_word_cue(self, cue: list[dict], highlight: bool) -> Iterator[tuple[str, str, str]]:
-        start = self.format_timestamp(cue[0]["start"])
-        end = self.format_timestamp(cue[-1]["end"])
-        words = [_cue_text(word["word"]) for word in cue]
+    def _render_word_cue(self, cue: list[Word], highlight: bool) -> Iterator[tuple[str, str, str]]:
+        start = self.format_timestamp(cue[0].start)
+        end = self.format_timestamp(cue[-1].end)
+        words = [_cue_text(word.word) for word in cue]
         text = "".join(words)
         if not highlight:
             yield start, end, text
@@ -194,8 +148,8 @@ class SubtitlesWriter(ResultWriter):
         # One cue per word with that word underlined; gaps between words show the plain line.
         last = start
         for i, word in enumerate(cue):
-            word_start = self.format_timestamp(word["start"])
-            word_end = self.format_timestamp(word["end"])
+            word_start = self.format_timestamp(word.start)
+            word_end = self.format_timestamp(word.end)
             if word_start != last:
                 yield last, word_start, text
             underlined = [_underline(w) if j == i else w for j, w in enumerate(words)]
@@ -215,7 +169,7 @@ def _underline(word: str) -> str:
     return _LEADING_SPACE.sub(r"\1<u>\2</u>", word)
 
 
-def _word_cues(segments: Sequence[dict], opts: dict) -> Iterator[list[dict]]:
+def _word_cues(segments: Sequence[Segment], opts: dict) -> Iterator[list[Word]]:
     """Group word timings into cues; each word's text carries its own leading space or line break.
 
     Without both a line width and a line count every segment starts a new cue (and, with
@@ -230,20 +184,19 @@ def _word_cues(segments: Sequence[dict], opts: dict) -> Iterator[list[dict]]:
 
     line_len = 0
     line_count = 1
-    cue: list[dict] = []
+    cue: list[Word] = []
     last_start = _first_start(segments)
     for segment in segments:
-        words = segment.get("words") or []
+        words = segment.words or ()
         for chunk_start in range(0, len(words), max_words_per_line):
-            for i, original in enumerate(words[chunk_start : chunk_start + max_words_per_line]):
-                timing = dict(original)
-                long_pause = not preserve_segments and timing["start"] - last_start > 3.0
-                has_room = line_len + len(timing["word"]) <= max_line_width
+            for i, timing in enumerate(words[chunk_start : chunk_start + max_words_per_line]):
+                long_pause = not preserve_segments and timing.start - last_start > 3.0
+                has_room = line_len + len(timing.word) <= max_line_width
                 segment_break = i == 0 and len(cue) > 0 and preserve_segments
                 if line_len > 0 and has_room and not long_pause and not segment_break:
-                    line_len += len(timing["word"])  # continues the line
+                    line_len += len(timing.word)  # continues the line
                 else:
-                    timing["word"] = timing["word"].strip()
+                    timing = replace(timing, word=timing.word.strip())
                     if (
                         len(cue) > 0
                         and max_line_count is not None
@@ -255,18 +208,18 @@ def _word_cues(segments: Sequence[dict], opts: dict) -> Iterator[list[dict]]:
                         line_count = 1
                     elif line_len > 0:
                         line_count += 1  # new line in the same cue
-                        timing["word"] = "\n" + timing["word"]
-                    line_len = len(timing["word"].strip())
+                        timing = replace(timing, word="\n" + timing.word)
+                    line_len = len(timing.word.strip())
                 cue.append(timing)
-                last_start = timing["start"]
+                last_start = timing.start
     if cue:
         yield cue
 
 
-def _first_start(segments: Iterable[dict]) -> float:
+def _first_start(segments: Iterable[Segment]) -> float:
     for segment in segments:
-        for word in segment.get("words") or []:
-            return word["start"]
+        for word in segment.words or ():
+            return word.start
     return 0.0
 
 
@@ -275,7 +228,7 @@ class WriteVTT(SubtitlesWriter):
     always_include_hours = False
     decimal_marker = "."
 
-    def render(self, result: dict, options: dict | None = None, **kwargs) -> str:
+    def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
         cues = [
             f"{start} --> {end}\n{text}\n\n"
             for start, end, text in self.iterate_result(result, options, **kwargs)
@@ -288,7 +241,7 @@ class WriteSRT(SubtitlesWriter):
     always_include_hours = True
     decimal_marker = ","
 
-    def render(self, result: dict, options: dict | None = None, **kwargs) -> str:
+    def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
         cues = self.iterate_result(result, options, **kwargs)
         return "".join(
             f"{i}\n{start} --> {end}\n{text}\n\n" for i, (start, end, text) in enumerate(cues, start=1)
@@ -300,24 +253,24 @@ class WriteTSV(ResultWriter):
 
     extension = "tsv"
 
-    def render(self, result: dict, options: dict | None = None, **kwargs) -> str:
+    def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
         lines = ["start\tend\ttext\n"]
-        for segment in result["segments"]:
-            text = segment["text"].strip().replace("\t", " ")
-            lines.append(f"{round(1000 * segment['start'])}\t{round(1000 * segment['end'])}\t{text}\n")
+        for segment in result.segments:
+            text = segment.text.strip().replace("\t", " ")
+            lines.append(f"{round(1000 * segment.start)}\t{round(1000 * segment.end)}\t{text}\n")
         return "".join(lines)
 
 
 class WriteJSON(ResultWriter):
-    """UTF-8 JSON on one line (plus a final newline): keys in a fixed order, floats rounded to
-    ``FLOAT_DECIMALS`` places, numpy scalars/arrays as plain numbers/lists, NaN/Inf as null. The same
-    result always gives the same bytes."""
+    """UTF-8 JSON of ``result.to_dict()`` on one line (plus a final newline): keys in a fixed order, floats
+    rounded to ``FLOAT_DECIMALS`` places, numpy scalars/arrays as plain numbers/lists, NaN/Inf as null. The
+    same result always gives the same bytes."""
 
     extension = "json"
     FLOAT_DECIMALS = 6
 
-    def render(self, result: dict, options: dict | None = None, **kwargs) -> str:
-        canonical = _canonical(result, "", self.FLOAT_DECIMALS)
+    def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
+        canonical = _canonical(result.to_dict(), "", self.FLOAT_DECIMALS)
         return json.dumps(canonical, ensure_ascii=False, allow_nan=False) + "\n"
 
 
@@ -373,7 +326,7 @@ def get_writer(output_format: str, output_dir: str | os.PathLike) -> Callable[..
     if output_format == "all":
         writers = [_WRITERS[fmt](output_dir) for fmt in OUTPUT_FORMATS]
 
-        def write_all(result: dict, audio_path: str | os.PathLike, options: dict | None = None, **kwargs):
+        def write_all(result: TranscriptionResult, audio_path: str | os.PathLike, options: dict | None = None, **kwargs):
             return [writer(result, audio_path, options, **kwargs) for writer in writers]
 
         return write_all

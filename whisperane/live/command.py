@@ -14,7 +14,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ..audio import open_audio
-from ..errors import WhisperaneError
+from ..errors import OutputError, WhisperaneError
+from ..result import TranscriptionResult
 from .chunks import (
     CHUNK_S,
     PCM_FORMATS,
@@ -109,13 +110,15 @@ def _chunks(args, name: str, live: LiveOptions, clock: WallClock):
     return paced(chunks, clock, live.min_chunk) if args.realtime else chunks
 
 
-def _write(result, output_dir: str, name: str) -> str | None:
+def _write(result: TranscriptionResult, output_dir: str, name: str) -> str | None:
     """Write the result as ``<name>.json``; the reason when it cannot be written."""
     from ..writers import get_writer
 
     try:
         os.makedirs(output_dir, exist_ok=True)
-        path = get_writer("json", output_dir)(result.to_dict(), Path(name).name)
+        path = get_writer("json", output_dir)(result, Path(name).name)
+    except OutputError as e:  # names the file
+        return str(e)
     except OSError as e:
         return f"{output_dir}: cannot write the result ({e.strerror or e})"
     print(f"whisperane: {name} -> {path}", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ from starlette.requests import ClientDisconnect
 
 from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
 from ..audio import probe_duration
+from ..result import TranscriptionResult
 from .access import AccessMiddleware
 from .config import ServerConfig
 from .deadlines import paced, shutting_down
@@ -183,8 +184,8 @@ class Server:
             await asyncio.sleep(0.05)
 
 
-def _decode(job, model: WhisperaneModel, path: str, kwargs: dict, on_segment) -> dict:
-    return model.transcribe(path, progress=job.check, on_segment=on_segment, **kwargs).to_dict()
+def _decode(job, model: WhisperaneModel, path: str, kwargs: dict, on_segment) -> TranscriptionResult:
+    return model.transcribe(path, progress=job.check, on_segment=on_segment, **kwargs)
 
 
 async def _cancel_on_disconnect(request: Request, slot: Slot) -> None:

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from .. import OptionsError
+from ..result import Segment, TranscriptionResult
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
 from .config import MAX_BATCH_SIZE, MAX_BEAM_SIZE
@@ -265,28 +266,31 @@ def options_error(e: OptionsError | TypeError) -> ApiError:
     return ApiError(400, str(e), code="invalid_option")
 
 
-def render(result: dict, options: RequestOptions, task: str) -> tuple[str | dict, str]:
-    """The response body and its media type for the asked format (``result``: TranscriptionResult.to_dict())."""
+def render(result: TranscriptionResult, options: RequestOptions, task: str) -> tuple[str | dict, str]:
+    """The response body and its media type for the asked format."""
     fmt = options.response_format
     if fmt == "json":
-        return {"text": result["text"]}, "application/json"
+        return {"text": result.text}, "application/json"
     if fmt == "text":
-        return result["text"], "text/plain; charset=utf-8"
+        return result.text, "text/plain; charset=utf-8"
     if fmt in ("srt", "vtt"):
         writer = WriteSRT(".") if fmt == "srt" else WriteVTT(".")
         return writer.render(result), "text/plain; charset=utf-8"
     return verbose_json(result, options, task), "application/json"
 
 
-def verbose_json(result: dict, options: RequestOptions, task: str) -> dict:
-    segments = [{key: s[key] for key in ("id", "seek", "start", "end", "text", "tokens", "temperature",
-                                         "avg_logprob", "compression_ratio", "no_speech_prob")}
-                for s in result["segments"]]
-    body = {"task": task, "language": LANGUAGES.get(result["language"], result["language"]),
-            "duration": result["duration"], "text": result["text"]}
+def verbose_json(result: TranscriptionResult, options: RequestOptions, task: str) -> dict:
+    body = {"task": task, "language": LANGUAGES.get(result.language, result.language), "duration": result.duration,
+            "text": result.text}
     if "segment" in options.granularities:
-        body["segments"] = segments
+        body["segments"] = [_segment(s) for s in result.segments]
     if "word" in options.granularities:
-        body["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]}
-                         for s in result["segments"] for w in s.get("words") or []]
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end} for s in result.segments for w in s.words or ()]
     return body
+
+
+def _segment(s: Segment) -> dict:
+    """OpenAI's segment object: whisperane's segment without its words (those are the response's ``words``)."""
+    return {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens),
+            "temperature": s.temperature, "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+            "no_speech_prob": s.no_speech_prob}

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ..result import TranscriptionResult
 from .workers import Slot
 
 REPLACEMENT = "\ufffd"
@@ -48,10 +49,10 @@ class DeltaText:
 class TranscriptStream:
     """One streamed request. Its job starts when the stream is made (not when the response's body is first
     iterated, which a client gone early never does), and releases its slot when it ends. ``run(job, on_segment)``
-    transcribes on a worker and returns the result's dict; ``error_body`` turns its exception into OpenAI's
+    transcribes on a worker and returns the TranscriptionResult; ``error_body`` turns its exception into OpenAI's
     error object."""
 
-    def __init__(self, slot: Slot, run: Callable[..., dict], text: DeltaText,
+    def __init__(self, slot: Slot, run: Callable[..., TranscriptionResult], text: DeltaText,
                  error_body: Callable[[BaseException], dict]):
         self.slot, self.text, self.error_body = slot, text, error_body
         self.loop = asyncio.get_running_loop()
@@ -86,7 +87,7 @@ class TranscriptStream:
             except Exception as e:  # noqa: BLE001 - the stream's headers are sent: the error is an event
                 yield event(self.error_body(e))
                 return
-            if rest := self.text.rest(result["text"]):
+            if rest := self.text.rest(result.text):
                 yield event({"type": "transcript.text.delta", "delta": rest})
             yield event({"type": "transcript.text.done", "text": self.text.sent + rest})
         finally:
