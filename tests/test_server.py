@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -121,6 +122,56 @@ def test_stream_deltas_concatenate_to_the_done_text(client, long_file, models):
     assert [e.type for e in events[len(deltas):]] == ["transcript.text.done"]
     assert len(deltas) >= 2  # one per kept segment, from both windows
     assert "".join(deltas) == events[-1].text == models["tiny.en"].transcribe(str(long_file), word_timestamps=False).text
+
+
+@pytest.fixture(scope="module")
+def quiet_then_loud(tmp_path_factory):
+    """49 s: two clips whispered (at 2 %), then the same at full scale. Its first window's log-mel is floored
+    from the file's peak (openai-whisper's pass over the whole file), not its own: read as a stream, whose
+    windows keep their own peaks, the transcript differs."""
+    path = tmp_path_factory.mktemp("quiet") / "quiet_then_loud.wav"
+    jfk, hour, pause = load_audio(str(JFK)), load_audio(str(ENGLISH[3])), np.zeros(8 * 16000, np.float32)
+    sf.write(str(path), np.concatenate([jfk * 0.02, pause, hour * 0.02, pause, jfk, hour]), 16000, subtype="PCM_16")
+    return path
+
+
+@pytest.mark.parametrize("mode", [{}, {"vad_filter": "true"}, {"batch_size": "4"}], ids=["default", "vad", "batched"])
+def test_an_upload_is_opened_once_and_transcribed_as_the_cli_does(url, spool, quiet_then_loud, models, mode,
+                                                                 monkeypatch):
+    """Every open of a file goes through audio.open_soundfile (open_audio, and a length counted by decoding): the
+    server's audio check and its transcription share one decode of the upload, which gives the transcript
+    transcribe() gives the file's path (the CLI's)."""
+    import whisperane.audio
+
+    opened, real = [], whisperane.audio.open_soundfile
+    monkeypatch.setattr(whisperane.audio, "open_soundfile", lambda name: (opened.append(name), real(name))[1])
+    r = httpx.post(url + "/v1/audio/transcriptions", timeout=120,
+                   files={"file": quiet_then_loud.open("rb"), **_form(response_format="text", **NO_WORDS, **mode)})
+    assert r.status_code == 200, r.text
+    assert len([name for name in opened if name.startswith(str(spool))]) == 1
+    options = {k: v == "true" if v in ("true", "false") else int(v) for k, v in {**NO_WORDS, **mode}.items()}
+    monkeypatch.undo()
+    assert r.text == models["tiny.en"].transcribe(str(quiet_then_loud), **options).text
+    if not mode:  # the file tells the two readings apart
+        with whisperane.audio.open_audio(quiet_then_loud) as stream:
+            assert models["tiny.en"].transcribe(stream, **options).text != r.text
+
+
+ENGLISH_ONLY = {
+    "translate": ("/v1/audio/translations", {}, "model", "English-only models cannot translate"),
+    "german": ("/v1/audio/transcriptions", {"language": "de"}, "language", "English-only models transcribe English only"),
+    "german, streamed": ("/v1/audio/transcriptions", {"language": "de", "stream": "true"}, "language", "English only"),
+}
+
+
+@pytest.mark.parametrize("case", list(ENGLISH_ONLY))
+def test_what_an_english_only_model_cannot_do_is_400_before_any_audio_is_read(url, case, spool):
+    route, fields, param, message = ENGLISH_ONLY[case]
+    r = httpx.post(url + route, files={"file": JFK.open("rb"), **_form(model="tiny.en", **fields)}, timeout=60)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error["param"] == param and message in error["message"] and "'tiny.en'" in error["message"]
+    assert settled(url)["admitted"] == 0 and list(spool.iterdir()) == []
 
 
 def test_models_list(client):

@@ -16,12 +16,12 @@ from pathlib import Path
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
-from ..audio import probe_duration
+from ..audio import SAMPLE_RATE
+from ..options import check_options_for_model
 from ..result import TranscriptionResult
 from .access import AccessMiddleware
 from .config import ServerConfig
@@ -30,6 +30,7 @@ from .openai_api import (
     ApiError,
     RequestOptions,
     Upload,
+    decode_upload,
     options_error,
     read_upload,
     render,
@@ -37,7 +38,7 @@ from .openai_api import (
     too_large,
 )
 from .sse import DeltaText, TranscriptStream
-from .workers import Cancelled, Closed, DecodePool, QueueFull, Slot
+from .workers import Cancelled, Closed, DecodePool, Job, QueueFull, Slot
 from .ws import LiveSession
 
 __all__ = ["ServerConfig", "create_app"]
@@ -86,24 +87,19 @@ class Server:
         except Closed:
             raise shutting_down() from None
 
-    def audio_seconds(self, upload: Upload) -> float:
-        """The upload's duration; 400 for a file that is not audio, holds values no audio has, or is too long (on
-        a thread: a header, or a bounded decode where the header cannot say)."""
-        limit = self.config.max_audio_seconds
-        try:
-            duration = probe_duration(upload.path, limit)
-        except WhisperaneError as e:
-            raise ApiError(400, upload.public_message(str(e)), param="file", code="invalid_file") from None
-        if duration > limit:
-            raise ApiError(400, f"the audio is longer than this server's limit of {limit / 60:g} minutes",
-                           param="file", code="audio_too_long")
-        return duration
-
-    def budget(self, slot: Slot, audio_seconds: float) -> None:
-        budget = self.config.decode_budget(audio_seconds)
-        slot.job.limit(budget, ApiError(400, f"the decode took longer than this server allows for {audio_seconds:.1f} "
-                                        f"s of audio ({budget:.0f} s); a prompt that makes the model repeat itself "
-                                        "can do this", code="decode_time_exceeded"))
+    def decode(self, job: Job, model: WhisperaneModel, upload: Upload, options: RequestOptions, on_audio=None,
+               on_segment=None) -> TranscriptionResult:
+        """One request's work, on a worker: the upload decoded (opened once, checked, its length bounding the job's
+        time), ``on_audio()`` once it is accepted, then its transcription from the samples."""
+        samples = decode_upload(upload, self.config.max_audio_seconds, job.check)
+        seconds = len(samples) / SAMPLE_RATE
+        budget = self.config.decode_budget(seconds)
+        job.limit(budget, ApiError(400, f"the decode took longer than this server allows for {seconds:.1f} s of audio "
+                                   f"({budget:.0f} s); a prompt that makes the model repeat itself can do this",
+                                   code="decode_time_exceeded"))
+        if on_audio is not None:
+            on_audio()
+        return model.transcribe(samples, progress=job.check, on_segment=on_segment, **options.transcribe)
 
     async def transcription(self, request: Request, task: str) -> Response:
         max_bytes = int(self.config.max_upload_mb * 2**20)
@@ -116,18 +112,12 @@ class Server:
             body = paced(request.stream(), self.config, self.stopping)
             upload = await read_upload(request.headers.get("content-type"), body, max_bytes, self.config.spool_dir)
             options = request_options(upload, task, list(self.models))
-            try:
-                TranscribeOptions(**options.transcribe)  # an invalid value is a 400 before any decode or stream
-            except (OptionsError, TypeError) as e:
-                raise options_error(e) from None
             model = self.model(options.model)
-            if task == "translate" and not model.is_multilingual:
-                raise ApiError(400, f"the model '{options.model}' is English-only and cannot translate", param="model")
-            self.budget(slot, await run_in_threadpool(self.audio_seconds, upload))
+            _check_options(options, model)
             if options.stream:
-                response = self._stream(slot, upload, model, options)
-                slot = upload = None  # the stream's generator owns them now
-                return response
+                stream = self._stream(slot, upload, model, options)
+                slot = upload = None  # the stream's job owns them now
+                return await self._stream_response(request, stream)
             return await self._complete(request, slot, upload, model, options, task)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it: the client has gone mid-upload
@@ -141,7 +131,7 @@ class Server:
                         options: RequestOptions, task: str) -> Response:
         watch = asyncio.ensure_future(_cancel_on_disconnect(request, slot))
         try:
-            result = await slot.run(_decode, model, upload.path, options.transcribe, None)
+            result = await slot.run(self.decode, model, upload, options)
         except Cancelled as e:
             if e.reason is None:
                 return Response(status_code=400)  # the client has gone
@@ -155,12 +145,23 @@ class Server:
             return JSONResponse(body)
         return PlainTextResponse(body, media_type=media_type)
 
-    def _stream(self, slot: Slot, upload: Upload, model: WhisperaneModel, options: RequestOptions) -> Response:
+    def _stream(self, slot: Slot, upload: Upload, model: WhisperaneModel, options: RequestOptions) -> TranscriptStream:
         tokenizer = model.tokenizer()
-        run = lambda job, on_segment: _decode(job, model, upload.path, options.transcribe, on_segment)  # noqa: E731
+        run = lambda job, on_audio, on_segment: self.decode(job, model, upload, options, on_audio, on_segment)  # noqa: E731
         stream = TranscriptStream(slot, run, DeltaText(tokenizer.decode, tokenizer.eot),
-                                  lambda e: public_error(e, upload).body())
+                                  lambda e: public_error(e, upload))
         stream.task.add_done_callback(lambda _: upload.remove())
+        return stream
+
+    @staticmethod
+    async def _stream_response(request: Request, stream: TranscriptStream) -> Response:
+        """The event stream once the upload's audio is accepted: one that is not audio or too long is a 400, not an
+        event. A client gone before then stops the job (the response's own watch takes over after)."""
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, stream.slot))
+        try:
+            await stream.audio_accepted()
+        finally:
+            watch.cancel()
         return StreamingResponse(stream.events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def drain(self) -> None:
@@ -184,8 +185,17 @@ class Server:
             await asyncio.sleep(0.05)
 
 
-def _decode(job, model: WhisperaneModel, path: str, kwargs: dict, on_segment) -> TranscriptionResult:
-    return model.transcribe(path, progress=job.check, on_segment=on_segment, **kwargs)
+def _check_options(options: RequestOptions, model: WhisperaneModel) -> None:
+    """400 for options no decode takes, or the request's model cannot (before any audio is read)."""
+    try:
+        transcribe_options = TranscribeOptions(**options.transcribe)
+    except (OptionsError, TypeError) as e:
+        raise options_error(e) from None
+    try:
+        check_options_for_model(transcribe_options, model.is_multilingual)
+    except OptionsError as e:  # translation is what the model cannot do on its route; elsewhere, the language
+        param = "model" if transcribe_options.task == "translate" else "language"
+        raise ApiError(400, f"the model '{options.model}': {e}", param=param, code="invalid_option") from None
 
 
 async def _cancel_on_disconnect(request: Request, slot: Slot) -> None:

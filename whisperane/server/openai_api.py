@@ -11,14 +11,17 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from .. import OptionsError
+from ..audio import SAMPLE_RATE, open_audio
+from ..errors import WhisperaneError
 from ..result import Segment, TranscriptionResult
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
@@ -32,6 +35,7 @@ MAX_BOUNDARY = 70  # RFC 2046's limit on a multipart boundary's length
 # whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
 EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool}
 UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
+READ_BLOCK = 30 * SAMPLE_RATE  # samples an upload's decode reads between two checks of its job
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
                  "stream")
 
@@ -148,6 +152,34 @@ class _Parser:
     def callbacks(self) -> dict:
         return {name: getattr(self, name) for name in ("on_part_begin", "on_header_field", "on_header_value",
                 "on_header_end", "on_headers_finished", "on_part_data", "on_part_end")}
+
+
+def audio_too_long(limit_s: float) -> ApiError:
+    return ApiError(400, f"the audio is longer than this server's limit of {limit_s / 60:g} minutes", param="file",
+                    code="audio_too_long")
+
+
+def decode_upload(upload: Upload, limit_s: float, check: Callable[[], None]) -> np.ndarray:
+    """The upload's samples, 16 kHz mono float32: the one time the server opens the spooled file, so that a
+    file is parsed and decoded once, and ``transcribe()`` (given the samples) reads its windows twice from
+    memory, as from a path. 400 for a file that is not audio or holds values no audio has, and for one longer
+    than ``limit_s``: from its header where that is exact (nothing decoded), else once the decode passes the
+    limit. ``check()`` runs between blocks (a job's cancel flag and time budget)."""
+    limit = int(limit_s * SAMPLE_RATE)
+    blocks, n = [], 0
+    try:
+        with open_audio(upload.path) as stream:
+            if stream.length_known and stream.n_samples > limit:
+                raise audio_too_long(limit_s)
+            while n <= limit and len(block := stream.read(n, min(READ_BLOCK, limit + 1 - n))):
+                blocks.append(block)
+                n += len(block)
+                check()
+    except WhisperaneError as e:
+        raise ApiError(400, upload.public_message(str(e)), param="file", code="invalid_file") from None
+    if n > limit:
+        raise audio_too_long(limit_s)
+    return np.concatenate(blocks)
 
 
 def too_large(max_bytes: int) -> ApiError:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..result import TranscriptionResult
+from .openai_api import ApiError
 from .workers import Slot
 
 REPLACEMENT = "\ufffd"
@@ -48,20 +49,38 @@ class DeltaText:
 
 class TranscriptStream:
     """One streamed request. Its job starts when the stream is made (not when the response's body is first
-    iterated, which a client gone early never does), and releases its slot when it ends. ``run(job, on_segment)``
-    transcribes on a worker and returns the TranscriptionResult; ``error_body`` turns its exception into OpenAI's
-    error object."""
+    iterated, which a client gone early never does), and releases its slot when it ends. ``run(job, on_audio,
+    on_segment)`` decodes the upload on a worker, calls ``on_audio()`` once its audio is accepted, and returns the
+    TranscriptionResult; ``error`` turns its exception into the ApiError its client is told."""
 
     def __init__(self, slot: Slot, run: Callable[..., TranscriptionResult], text: DeltaText,
-                 error_body: Callable[[BaseException], dict]):
-        self.slot, self.text, self.error_body = slot, text, error_body
+                 error: Callable[[BaseException], ApiError]):
+        self.slot, self.text, self.error = slot, text, error
         self.loop = asyncio.get_running_loop()
         self.segments: asyncio.Queue = asyncio.Queue()
-        self.task = asyncio.ensure_future(slot.run(run, self.on_segment))
+        self.accepted = self.loop.create_future()
+        self.task = asyncio.ensure_future(slot.run(run, self.on_audio, self.on_segment))
         self.task.add_done_callback(lambda _: slot.release())
+
+    def on_audio(self) -> None:  # on the worker thread
+        self.loop.call_soon_threadsafe(self.accepted.set_result, None)
 
     def on_segment(self, segment: Any) -> None:  # on the worker thread
         self.loop.call_soon_threadsafe(self.segments.put_nowait, segment.tokens)
+
+    async def audio_accepted(self) -> None:
+        """Returns once the upload's audio is accepted (the stream may begin); raises the ApiError of a job that
+        failed before that (not audio, too long, stopped). Cancelled itself, it stops the job."""
+        try:
+            await asyncio.wait({self.accepted, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.slot.job.stop()
+            raise
+        if not self.accepted.done():  # the job ended first, and a result needs its audio accepted: it failed
+            try:
+                self.task.result()
+            except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
+                raise self.error(e) from None
 
     async def _next_tokens(self) -> tuple[int, ...] | None:
         """The next kept segment's tokens, or None once the job has ended and every segment was taken."""
@@ -85,7 +104,7 @@ class TranscriptStream:
             try:
                 result = self.task.result()
             except Exception as e:  # noqa: BLE001 - the stream's headers are sent: the error is an event
-                yield event(self.error_body(e))
+                yield event(self.error(e).body())
                 return
             if rest := self.text.rest(result.text):
                 yield event({"type": "transcript.text.delta", "delta": rest})
