@@ -14,7 +14,7 @@ from .audio import N_SAMPLES, AudioStream, open_audio
 from .errors import OptionsError
 from .longform.seek import SeekLoop
 from .longform.speech_guard import SpeechGuard
-from .options import TranscribeOptions
+from .options import TranscribeOptions, check_options_for_model
 from .result import Segment, TranscriptionResult, Word
 from .runtime.model import WhisperaneModel
 
@@ -45,7 +45,7 @@ def transcribe(
         from .loading import shared_model  # imports the runtime's sessions only when a name is given
 
         model = shared_model(model)
-    _check_model_supports(model, options)
+    check_options_for_model(options, model.is_multilingual)
     with model.in_use():
         return _transcribe_in_mode(model, audio, options, progress, on_segment)
 
@@ -78,13 +78,6 @@ def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.nd
     finally:
         if stream is not audio:
             stream.close()
-
-
-def _check_model_supports(model: WhisperaneModel, options: TranscribeOptions) -> None:
-    if not model.is_multilingual and options.task == "translate":
-        raise OptionsError("English-only models cannot translate; use a multilingual model")
-    if not model.is_multilingual and options.language not in (None, "en"):
-        raise OptionsError(f"English-only models transcribe English only, not {options.language!r}")
 
 
 __all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Word", "transcribe"]
