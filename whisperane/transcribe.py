@@ -68,16 +68,26 @@ def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.nd
 
         return transcribe_speech(model, audio, options, progress, on_segment)
     guard = SpeechGuard.on_demand() if options.speech_guard else None
-    peak = None
-    if not isinstance(audio, AudioStream):  # a stream can be read once: its windows keep their own peaks
-        with open_audio(audio) as first_pass:  # one window (<= 30 s): its own peak is the file's
-            peak = model.mel_peak(first_pass) if first_pass.n_samples > N_SAMPLES else None
     stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
     try:
+        # a stream given by the caller can be read once: its windows keep their own peaks
+        peak = None if stream is audio else _file_peak(model, audio, stream)
         return SeekLoop(model, stream, options, progress, guard, peak, on_segment).run()
     finally:
         if stream is not audio:
             stream.close()
+
+
+def _file_peak(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray, stream: AudioStream) -> float | None:
+    """The whole file's log-mel peak (openai's floor), read before the loop reads ``stream``; None for one window
+    (<= 30 s), whose own peak is the file's. Audio in memory (an array, ffmpeg's decode) is read from ``stream``
+    itself, which serves any read; a file is opened a second time for it."""
+    if stream.n_samples <= N_SAMPLES:
+        return None
+    if stream.in_memory:
+        return model.mel_peak(stream)
+    with open_audio(audio) as first_pass:
+        return model.mel_peak(first_pass)
 
 
 __all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Word", "transcribe"]
