@@ -30,7 +30,6 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-PACKAGES = {name for name, path in MODULES.items() if path.name == "__init__.py"}
 
 
 def imported_from(module: str, path: Path, node: ast.ImportFrom) -> str:
