@@ -255,6 +255,22 @@ def base_int8_model(base_bundle):
     return load_model(base_bundle, threads=2, compute_type="int8")
 
 
+@pytest.fixture(scope="session")
+def tiny_float32_model(tiny_en_bundle):
+    """tiny.en in float32, two threads (the model faster-whisper's float32 transcripts are compared with)."""
+    from whisperane.loading import load_model
+
+    return load_model(tiny_en_bundle, threads=2, compute_type="float32")
+
+
+@pytest.fixture(scope="session")
+def base_float32_model(base_bundle):
+    """base in float32, two threads."""
+    from whisperane.loading import load_model
+
+    return load_model(base_bundle, threads=2, compute_type="float32")
+
+
 @dataclass(frozen=True)
 class CorpusTranscript:
     """One corpus clip transcribed with the default options, and the arguments (args, kwargs) of every
@@ -299,11 +315,13 @@ def corpus_transcripts(tiny_int8_model, base_int8_model) -> list[CorpusTranscrip
     return transcripts
 
 
-# --- the CLI in this process, with one shared tiny.en model (test_cli.py, test_bad_inputs.py) ---------------
+# --- one tiny.en model as load_model gives it (test_command, test_bad_inputs, test_faults, test_live) ---------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model(tiny_en_bundle):
+    """tiny.en as ``load_model`` gives it by default (the CPU's compute type, all cores), shared by the session: a
+    loaded model holds no decoding state (every call takes its own), and loading it costs about a second."""
     from whisperane.loading import load_model
 
     return load_model(tiny_en_bundle)

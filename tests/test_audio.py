@@ -486,10 +486,8 @@ def test_flac_without_total_samples(tmp_path):
 
 
 @pytest.mark.slow
-def test_flac_without_total_samples_transcribes_like_the_original(tmp_path, tiny_en_bundle):
-    from whisperane.loading import load_model
-
-    model = load_model(tiny_en_bundle, threads=2, compute_type="float32")
+def test_flac_without_total_samples_transcribes_like_the_original(tmp_path, tiny_float32_model):
+    model = tiny_float32_model
     ours = model.transcribe(flac_without_total(JFK, tmp_path / "streamed.flac")).to_dict()
     reference = model.transcribe(JFK).to_dict()
     assert "ask not what your country can do for you" in reference["text"]

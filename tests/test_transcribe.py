@@ -26,17 +26,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_en_bundle):
-    from whisperane.loading import load_model
-
-    return load_model(tiny_en_bundle, threads=2, compute_type="float32")
+def tiny(tiny_float32_model):
+    return tiny_float32_model
 
 
 @pytest.fixture(scope="module")
-def base(base_bundle):
-    from whisperane.loading import load_model
-
-    return load_model(base_bundle, threads=2, compute_type="float32")
+def base(base_float32_model):
+    return base_float32_model
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +60,12 @@ def _faster_whisper(ct2_dir, audio: np.ndarray, **kw):
     return list(segments), info
 
 
+@pytest.fixture(scope="module")
+def tiny_default(tiny) -> dict:
+    """Each long clip through float32 tiny.en with the default options, once for the tests that compare it."""
+    return {clip: transcribe(load_audio(DATA_DIR / clip), tiny) for clip in LONG_CLIPS}
+
+
 def _words(result):
     return [(w.word, w.start, w.end) for s in result.segments for w in s.words]
 
@@ -79,7 +81,7 @@ def _check_words_well_formed(result, duration: float) -> None:
             last = w.end
 
 
-def test_tiny_en_matches_faster_whisper(tiny, ct2_tiny_en_dir):
+def test_tiny_en_matches_faster_whisper(tiny, tiny_default, ct2_tiny_en_dir):
     """Same segments and words as faster-whisper; word times within 20 ms median, 100 ms p95 over the clips, with
     openai's seek rule alone (the DTW the two share).
 
@@ -92,7 +94,7 @@ def test_tiny_en_matches_faster_whisper(tiny, ct2_tiny_en_dir):
     for clip in LONG_CLIPS:
         audio = load_audio(DATA_DIR / clip)
         fw_segments, _ = _faster_whisper(ct2_tiny_en_dir, audio, language="en")
-        default, result = transcribe(audio, tiny), transcribe(audio, tiny, speech_guard=False)
+        default, result = tiny_default[clip], transcribe(audio, tiny, speech_guard=False)
         assert [w[0] for w in _words(default)] == [w[0] for w in _words(result)], clip
         assert result.text.strip() == "".join(s.text for s in fw_segments).strip(), clip
         assert [s.text for s in result.segments] == [s.text for s in fw_segments], clip
@@ -129,13 +131,13 @@ def _english_wer(texts: dict[str, str]) -> float:
     return jiwer.wer([norm(REFERENCES[c]) for c in clips], [norm(texts[c]) or "<empty>" for c in clips])
 
 
-def test_int8_accuracy_on_english_clips(tiny, tiny_int8):
+def test_int8_accuracy_on_english_clips(tiny_default, tiny_int8):
     """int8 decoder weights against the reference transcripts: WER within 0.5 points of float32's, and word
     starts within 20 ms (one frame) of float32's at the median on the words both share (measured: 0 ms)."""
     fp32, int8, d_start = {}, {}, []
     for clip in LONG_CLIPS:
         audio = load_audio(DATA_DIR / clip)
-        a, b = transcribe(audio, tiny), transcribe(audio, tiny_int8)
+        a, b = tiny_default[clip], transcribe(audio, tiny_int8)
         fp32[clip], int8[clip] = a.text, b.text
         _check_words_well_formed(b, len(audio) / SAMPLE_RATE)
         if [w[0] for w in _words(a)] == [w[0] for w in _words(b)]:
@@ -170,10 +172,8 @@ ES_TRANSLATION = "The sands are whitish, of medium grain, and have very little a
 
 
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])
-def test_base_translate_gives_english(base_bundle, compute_type):
-    from whisperane.loading import load_model
-
-    model = load_model(base_bundle, threads=2, compute_type=compute_type)
+def test_base_translate_gives_english(base, base_int8, compute_type):
+    model = {"float32": base, "int8": base_int8}[compute_type]
     result = transcribe(load_audio(DATA_DIR / "test_es.wav"), model, task="translate", language="es")
     import jiwer
     from whisper_normalizer.english import EnglishTextNormalizer
@@ -281,10 +281,10 @@ def test_prefill_table_transcripts(base, clip, language):
     assert wer <= 0.2
 
 
-def test_decode_time_alignment_close_to_teacher_forced(tiny):
+def test_decode_time_alignment_close_to_teacher_forced(tiny, tiny_default):
     """Word timings from the attention gathered while decoding vs the teacher-forced pass."""
     audio = load_audio(DATA_DIR / "jfk.flac")
-    forced = _words(transcribe(audio, tiny))
+    forced = _words(tiny_default["jfk.flac"])
     gathered = _words(transcribe(audio, tiny, alignment="decode"))
     assert [w[0] for w in forced] == [w[0] for w in gathered]
     d = np.abs([a[1] - b[1] for a, b in zip(forced, gathered, strict=True)])
