@@ -202,6 +202,7 @@ def test_digital_silence_gives_no_words(model, tmp_path):
     assert _transcript_words(result) == []
 
 
+@pytest.mark.slow
 def test_low_level_noise_gives_no_words(model, tmp_path):
     """-60 dBFS white noise gives no words, and any segments lie inside the audio. 10 s of noise, not 20 (CI time):
     measured with tiny.en on the shared 2-core machine (load 2-4), 20 s and 10 s both fall back to temperature 0.6
@@ -362,6 +363,7 @@ invalid_options = st.one_of(
 )
 
 
+@pytest.mark.slow
 def test_fuzz_valid_options_give_well_formed_results(model, speech):
     ran = []
 

@@ -31,8 +31,6 @@ from whisperane.errors import WhisperaneError
 from whisperane.ray_batch import command, dataset
 from whisperane.ray_batch.shards import RESULT_SCHEMA, OutputDir, file_sha256, plan, read_shard
 
-pytestmark = pytest.mark.slow
-
 # Short English clips, each in both the shared corpus and tests/data (the corpus copy when it is there).
 CLIP_FILES = ["jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "1089-134691-0001.flac",
               "LJ001-0002.flac", "LJ001-0008.flac"]
@@ -134,6 +132,7 @@ def directory_run(local_ray, tiny_en_bundle, audio_dir, tmp_path_factory):
     return code, err, out, killed[0]
 
 
+@pytest.mark.slow
 def test_directory_gives_one_row_per_file(directory_run, audio_dir, reference):
     code, err, out, _ = directory_run
     rows = {r["path"]: r for r in _rows(out)}
@@ -154,12 +153,14 @@ def test_directory_gives_one_row_per_file(directory_run, audio_dir, reference):
     assert any(line.startswith(f"whisperane: {len(files)}/{len(files)} files, ") and "RTF" in line for line in err)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_its_files_redone(directory_run):
     # Its rows are checked with the others in test_directory_gives_one_row_per_file.
     _, _, _, (pid, shards_then) = directory_run
     assert pid > 0 and 1 <= shards_then < 3, "no worker was killed while the run had files to do"
 
 
+@pytest.mark.slow
 def test_rerun_skips_rows_and_retries_errors_on_request(directory_run, audio_dir, tiny_en_bundle, tmp_path):
     _, _, first, _ = directory_run
     out = tmp_path / "out"
@@ -189,6 +190,7 @@ def _write_manifest(kind: str, path: Path, rows: list[dict]) -> None:
         pq.write_table(pa.Table.from_pylist(rows), path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
 def test_manifest_keeps_its_columns(kind, local_ray, tiny_en_bundle, audio_dir, reference, tmp_path):
     tmp_path = tmp_path.resolve()  # the manifest's relative paths are resolved from its real directory
@@ -219,6 +221,7 @@ def test_manifest_keeps_its_columns(kind, local_ray, tiny_en_bundle, audio_dir, 
         assert table.num_rows == 2
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, audio_dir, tiny_en_bundle, tmp_path):
     _, _, complete, _ = directory_run
     out = tmp_path / "out"
@@ -247,12 +250,14 @@ def test_killed_run_resumes_without_redoing_shards(directory_run, local_ray, aud
     assert sorted(rows, key=lambda r: r["path"]) == sorted(_rows(complete), key=lambda r: r["path"])
 
 
+@pytest.mark.slow
 def test_transcribe_dataset_returns_a_ray_dataset(local_ray, tiny_en_bundle, audio_dir, reference):
     path = str(audio_dir / "LJ001-0002.flac")
     rows = dataset.transcribe_dataset([path], tiny_en_bundle, workers=1).take_all()
     assert [(r["path"], r["text"], r["error"]) for r in rows] == [(path, reference[path]["text"], None)]
 
 
+@pytest.mark.slow
 def test_a_long_files_row_is_the_clis_result(tiny_en_bundle, tmp_path):
     """Over 30 s, each window's log-mel is floored from the file's peak (the quiet start here is read against
     the loud end), as `whisperane transcribe` does; the row reads back as transcribe()'s result (from_dict)."""

@@ -257,6 +257,7 @@ def case(request) -> Case:
     )
 
 
+@pytest.mark.slow
 def test_teacher_forced_tokens_round_trip(case):
     """The token sequence the comparisons use is the transcript under the model's own prefix."""
     cfg = case.info
@@ -678,6 +679,7 @@ def test_loaders_agree(tiny_en_torch, ct2_tiny_en_dir, tmp_path):
         assert not different, f"{fmt}: {different[:5]}"
 
 
+@pytest.mark.slow
 def test_convert_from_huggingface_dir(random_hf_dir, random_bundle):
     info = BundleInfo.load(random_bundle)
     verify_bundle(random_bundle, info.config)
@@ -791,6 +793,7 @@ def test_unchanged_source_is_a_noop(tiny_en_bundle):
     assert elapsed < 10.0, f"no-op conversion took {elapsed:.1f} s"
 
 
+@pytest.mark.slow
 def test_changed_source_is_rebuilt(random_hf_dir, random_bundle, tmp_path):
     source = tmp_path / "changed"
     shutil.copytree(random_hf_dir, source)

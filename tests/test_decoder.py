@@ -88,6 +88,7 @@ def test_shared_cross_attention_equals_copies(model, window):
     np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_windows_with_their_own_prompts_decode_as_alone(model, monkeypatch):
     """decode_windows (batched mode's step): three windows side by side, two with previous-text prompts of
     different lengths and one without (rows at different cache positions from their prompts on), give each
@@ -153,6 +154,7 @@ def _scoring_graph(model):
     return SequenceGraph.of(sequence() if sequence is not None else model.decoder.component)
 
 
+@pytest.mark.slow
 def test_alignment_pass_probabilities_from_the_graph_equal_the_hosts(model, window, monkeypatch):
     """The graph's text-vocabulary log-probabilities (converter revision 12 on) against the host's
     normalisation of the same pass's logits (``Decoder.score``, the path of older bundles): equal to float32

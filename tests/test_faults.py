@@ -103,11 +103,6 @@ class StderrWatcher:
         return self.text
 
 
-@pytest.fixture(scope="module")
-def model(tiny_en_bundle):
-    return load_model(tiny_en_bundle)
-
-
 # --- damaged bundles --------------------------------------------------------------------------------------
 
 
@@ -307,6 +302,7 @@ def test_killed_transcription_leaves_nothing_claiming_completion(sig, long_audio
         assert left == []  # and the handler removed any temporary file
 
 
+@pytest.mark.slow
 def test_rerun_after_kill_transcribes_the_long_file(long_audio, model, tmp_path, monkeypatch, capsys):
     long_audio, reference = long_audio
     out = tmp_path / "out"
@@ -325,6 +321,7 @@ def test_rerun_after_kill_transcribes_the_long_file(long_audio, model, tmp_path,
 # --- conversion killed half-way, then two processes converting at once ------------------------------------
 
 
+@pytest.mark.slow
 def test_killed_conversion_then_concurrent_conversions(tmp_path, random_hf_dir, random_bundle):
     """Of the random model (conftest.random_hf_dir, ~10 s to convert): the lock, the hidden partial directory
     and the bundle's files are what is checked, which converting real tiny.en twice checked no better."""
@@ -360,6 +357,7 @@ def test_killed_conversion_then_concurrent_conversions(tmp_path, random_hf_dir, 
 # --- one model, several threads ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_threads_sharing_one_model_match_sequential_calls(model):
     clips = sorted((c for c in english_clips() if c.duration < 6), key=lambda c: c.duration)[:4]
     assert len(clips) == 4

@@ -155,6 +155,7 @@ def test_multilingual_hub_snapshot_reads_as_whisper_multilingual(filled_cache, m
     assert len(tokens["languages"]) == 99 and list(tokens["languages"].values()) == list(range(50259, 50358))
 
 
+@pytest.mark.slow
 def test_hub_name_converts_loads_and_transcribes(filled_cache, monkeypatch, tmp_path):
     """``small.en`` from the cache, converted (ONNX), loaded and run on real speech. The weights are random,
     so the structure is asserted, not the text."""

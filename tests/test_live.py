@@ -42,8 +42,9 @@ CHEAP = {"min_chunk": 1.0}
 
 
 @pytest.fixture(scope="module")
-def model(tiny_en_bundle):
-    return whisperane.load_model(tiny_en_bundle)
+def offline_jfk(model) -> str:
+    """JFK's offline transcript (conftest's ``model``: tiny.en as load_model gives it)."""
+    return model.transcribe(str(JFK)).text
 
 
 @pytest.fixture(scope="module")
@@ -126,21 +127,23 @@ def test_paced_audio_never_arrives_early():
 # --- streams of real speech ------------------------------------------------------------------------------
 
 
-def test_jfk_streamed_in_chunks_confirms_the_offline_transcript(model):
+@pytest.mark.slow
+def test_jfk_streamed_in_chunks_confirms_the_offline_transcript(model, offline_jfk):
     """Each 0.5 s chunk one update (the default min_chunk), as at real time when an update takes a chunk's
     length: the same updates on every machine and under any load (the real-time simulation below depends on
     both)."""
-    offline = model.transcribe(str(JFK)).text
+    offline = offline_jfk
     audio = load_audio(JFK)
     chunks = [audio[i : i + 8000] for i in range(0, len(audio), 8000)]
     confirmed = _confirmed(list(whisperane.stream(chunks, model)))
     assert _wer(offline, "".join(w.word for w in confirmed)) <= JFK_MAX_WER
 
 
-def test_jfk_streamed_live_confirms_the_offline_transcript(model):
+@pytest.mark.slow
+def test_jfk_streamed_live_confirms_the_offline_transcript(model, offline_jfk):
     """The real-time simulation: its updates fall where the processing time puts them, so the schedule, and
     with it the confirmed text, is the machine's (the bound is the worst measured over fixed schedules)."""
-    offline = model.transcribe(str(JFK)).text
+    offline = offline_jfk
     events = list(whisperane.stream(str(JFK), model, realtime=True, clock=SimulatedClock()))
     confirmed = _confirmed(events)
     assert _wer(offline, "".join(w.word for w in confirmed)) <= JFK_ANY_SCHEDULE_MAX_WER
@@ -149,6 +152,7 @@ def test_jfk_streamed_live_confirms_the_offline_transcript(model):
     assert events[-1].type == "done" and events[-1].audio_time == pytest.approx(11.0, abs=0.01)
 
 
+@pytest.mark.slow
 def test_file_events_match_the_schema(file_events):
     assert file_events[-1].type == "done" and sum(e.type == "done" for e in file_events) == 1
     confirmed: list[Word] = []
@@ -176,12 +180,14 @@ def test_file_events_match_the_schema(file_events):
     assert result["duration"] == pytest.approx(11.0, abs=0.01)
 
 
+@pytest.mark.slow
 def test_stdin_pcm_and_the_file_give_the_same_events(model, jfk_audio, file_events):
     events = list(whisperane.stream(io.BytesIO(_pcm(jfk_audio)), model, **CHEAP))
     assert _comparable(events[:-1]) == _comparable(file_events[:-1])
     assert events[-1].result.to_dict() == file_events[-1].result.to_dict()
 
 
+@pytest.mark.slow
 def test_two_streams_on_one_model_at_once_give_each_ones_text(model, jfk_wav, file_events):
     alone_other = list(whisperane.stream(DATA_DIR / "1089-134691-0000.flac", model, **CHEAP))
     barrier = threading.Barrier(2)
@@ -196,9 +202,10 @@ def test_two_streams_on_one_model_at_once_give_each_ones_text(model, jfk_wav, fi
     assert _comparable(together[1]) == _comparable(alone_other)
 
 
-def test_a_multilingual_model_detects_the_streams_language(base_bundle):
+@pytest.mark.slow
+def test_a_multilingual_model_detects_the_streams_language(base_int8_model):
     """German on base without a language: detected on the buffer (not on its first half second) and kept."""
-    base = whisperane.load_model(base_bundle)
+    base = base_int8_model
     german = DATA_DIR / "test_de.wav"
     offline = base.transcribe(str(german))
     done = list(whisperane.stream(german, base, **CHEAP))[-1]
@@ -239,6 +246,7 @@ def _pcm(audio: np.ndarray) -> bytes:
     return np.round(audio * 32768).clip(-32768, 32767).astype("<i2").tobytes()
 
 
+@pytest.mark.slow
 def test_sigint_mid_stream_writes_the_confirmed_text_and_exits_130(tiny_en_bundle, jfk_audio, tmp_path):
     """Ctrl-C while the stream waits for audio (the pipe kept open). It is known to wait, on any machine and
     under any load, once an event of the last update arrived: every event carries the audio received, an update
