@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 # Bound after the submodules are imported, so `whisperane.transcribe` is the function (as in openai-whisper),
 # not the module of the same name.
 from .decoding import DecodingResult  # noqa: E402
@@ -14,6 +12,7 @@ from .options import DecodingOptions, TranscribeOptions  # noqa: E402
 from .result import Segment, TranscriptionResult, Word  # noqa: E402
 from .runtime.model import WhisperaneModel  # noqa: E402
 from .transcribe import transcribe  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = [
     "AudioError", "DecodingOptions", "DecodingResult", "LiveTranscriber", "ModelError", "OptionsError", "OutputError",

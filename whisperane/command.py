@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
 from .console import ModelUnavailable, describe_error, print_error
 from .errors import WhisperaneError
 from .options import COMPUTE_TYPES, EXECUTORS
 from .result import TranscriptionResult
+from .version import __version__
 from .writers import OUTPUT_FORMATS, SUBTITLE_OPTIONS
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from .. import __version__
 from ..contract import CONFIG_NAME, CONTRACT_VERSION, CONVERTER_REVISION
 from ..errors import ConversionError, ModelError
 from ..runtime.bundle import bundle_name, default_models_dir, verify_bundle
 from ..util import file_sha256
+from ..version import __version__
 from . import export_onnx, modules, quantize
 from .checkpoint import load_checkpoint
 from .prefill import compute_prefill_table, random_encoder_outputs
