@@ -253,7 +253,13 @@ def test_sigint_mid_stream_writes_the_confirmed_text_and_exits_130(tiny_en_bundl
     emits its events together after it decoded (a hypothesis event last), and the update at 6 s (after a pause,
     on "what you") always has new words to show; the process then blocks reading the seventh second."""
     sent_s = 6
-    proc = _cli("-", "--model", str(tiny_en_bundle), "--format", "jsonl", "-o", str(tmp_path), "--min-chunk", "1")
+    # A run started in the background without job control (`.ci/run &`, nohup) ignores SIGINT, and an ignored
+    # signal stays ignored in a child: the stream is started with Python's own handler, as from a terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = _cli("-", "--model", str(tiny_en_bundle), "--format", "jsonl", "-o", str(tmp_path), "--min-chunk", "1")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     watchdog = threading.Timer(120, proc.kill)  # a hang fails below instead of blocking the run
     watchdog.start()
     proc.stdin.write(_pcm(jfk_audio[: 16000 * sent_s]))  # six one-second chunks, one update each
