@@ -20,13 +20,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(models: dict, **config):
-    """Yields the base URL (``http://127.0.0.1:PORT``) of the app over ``models``, stopped on exit."""
+def serving(models: dict, schedule=None, **config):
+    """Yields the base URL (``http://127.0.0.1:PORT``) of the app over ``models`` (loaded by ``schedule``, where
+    given), stopped on exit."""
     from whisperane.server.app import ServerConfig, create_app
     from whisperane.server.lifecycle import uvicorn_server
 
     port = free_port()
-    server = uvicorn_server(create_app(models, ServerConfig(**config)), "127.0.0.1", port, log_level="warning")
+    app = create_app(models, ServerConfig(**config), schedule)
+    server = uvicorn_server(app, "127.0.0.1", port, log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -96,18 +96,16 @@ def _resident_kib(files) -> int:
     return total
 
 
-# A transcription in a fresh interpreter, as the command line runs it (one model in the process), with or without
-# the release: the peak resident set (VmHWM) and the words.
+# A transcription in a fresh interpreter, as the command line runs it (one model in the process), loaded with the
+# idle weights released (the default) or kept: the peak resident set (VmHWM) and the words.
 PEAK = """
 import json, sys
-from whisperane.runtime.executors import OnnxComponent
 from whisperane.loading import load_model
+from whisperane.runtime.sessions import keep_resident
 from whisperane.transcribe import transcribe
 
 bundle, audio, release = sys.argv[1], sys.argv[2], sys.argv[3] == "release"
-if not release:
-    OnnxComponent.release_weights = lambda self: None
-model = load_model(bundle, threads=2, compute_type="int8")  # maps the saved optimized graphs' weights
+model = load_model(bundle, threads=2, compute_type="int8", wrap=None if release else keep_resident)
 result = transcribe(audio, model)
 status = open("/proc/self/status").read()
 print(json.dumps({"peak_kib": int(status.split("VmHWM:")[1].split()[0]), "json": result.to_dict()}))
@@ -196,9 +194,11 @@ def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
     def spins(component) -> str:
         return component.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
 
-    int8 = load_model(tiny_en_bundle, threads=2, compute_type="int8")._sessions
+    from whisperane.runtime.sessions import keep_resident
+
+    int8 = load_model(tiny_en_bundle, threads=2, compute_type="int8", wrap=keep_resident)._sessions
     assert int8.get_sequence() is None  # the int8 kind's one decoder session takes every decoder call
-    float32 = load_model(tiny_en_bundle, threads=2, compute_type="float32")._sessions
+    float32 = load_model(tiny_en_bundle, threads=2, compute_type="float32", wrap=keep_resident)._sessions
     for sessions in (int8, float32):
         assert spins(sessions.decoder) == "1"
         assert (spins(sessions.encoder), spins(sessions.mel), spins(sessions.prefill())) == ("0", "0", "0")

@@ -48,42 +48,23 @@ def test_threads_on_one_model_give_the_sequential_transcripts(one_thread_model, 
 
 
 def test_a_model_loaded_as_the_server_loads_it_gives_the_one_thread_transcripts(tiny_en_bundle, sequential):
-    """The server's load: each decode on one thread, the encoder (one call at a time) on two, and the decoder on
-    two while one request has the model to itself: alone or side by side, the transcripts are the one-thread
-    model's."""
-    served = whisperane.load_model(tiny_en_bundle, threads=1, encoder_threads=2)
+    """The server's load (``server.scheduling.Schedule``): each decode on one thread, the encoder (one call at a
+    time) on two, and the decoder on two while one request runs: alone or side by side, the transcripts are the
+    one-thread model's."""
+    from whisperane.server.scheduling import Schedule
+
+    schedule = Schedule(threads=1, encoder_threads=2)
+    served = schedule.load_model(tiny_en_bundle)
+
+    def request(f):
+        with schedule.request():
+            return served.transcribe(f).to_dict()
+
     files = four_files()[:2]
-    alone = [served.transcribe(f).to_dict() for f in files]
+    alone = [request(f) for f in files]
     with ThreadPoolExecutor(2) as pool:
-        side_by_side = list(pool.map(lambda f: served.transcribe(f).to_dict(), files))
+        side_by_side = list(pool.map(request, files))
     assert alone == sequential[:2] and side_by_side == sequential[:2]
-
-
-def test_a_component_opened_twice_runs_wide_only_for_a_request_alone():
-    from whisperane.runtime.sessions import Users, WhenAlone
-
-    class Recorded:  # a component that says which session ran
-        def __init__(self, name):
-            self.name, self.inputs, self.outputs, self.released = name, {}, {}, 0
-
-        def run(self, feeds, outputs=None):
-            return {"by": self.name}
-
-        def release_weights(self):
-            self.released += 1
-
-    users = Users()
-    component = WhenAlone(Recorded("narrow"), Recorded("wide"), users.alone)
-    released = lambda: (component.narrow.released, component.wide.released)  # noqa: E731
-    assert released() == (0, 1)  # opened out of the resident set
-    with users.using():
-        assert component.run({})["by"] == "wide" and released() == (1, 1)  # the one left releases its weights
-        assert component.run({})["by"] == "wide" and released() == (1, 1)
-        with users.using():
-            assert component.run({})["by"] == "narrow" and released() == (1, 2)
-        assert component.run({})["by"] == "wide" and released() == (2, 2)
-    component.release_weights()
-    assert released() == (3, 3)
 
 
 def test_transcribe_by_name_loads_the_model_once(tiny_en_bundle):

@@ -14,21 +14,22 @@ from .errors import ModelError
 from .runtime.bundle import BundleInfo, bundle_name, default_models_dir, verify_bundle
 from .runtime.executors import release_freed_memory
 from .runtime.model import WhisperaneModel
-from .runtime.sessions import Sessions, choose_kind, open_decoder
+from .runtime.sessions import IdleWeights, Sessions, Wrap, choose_kind, open_decoder
 from .tokenizer import Tokenizer
 
 
 def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
                compute_units: str = "ALL", compute_type: str = "default", verify: bool = True,
-               encoder_threads: int | None = None) -> WhisperaneModel:
+               encoder_threads: int | None = None, wrap: Wrap | None = None) -> WhisperaneModel:
     """Load a bundle by model name (converted on first use) or directory, ready to transcribe.
 
     ``compute_type``: "int8" (int8 encoder and decoder weights), "float32", or "default" (int8 on the CPU with
     ONNX Runtime when the bundle has it, as faster-whisper's int8; float32 elsewhere). ``threads``: the
     executor's threads per call (default: ``$WHISPERANE_THREADS``, else all cores); ``encoder_threads``: the
-    AudioEncoder's and the log-mel's (default: ``threads``). The encoder runs one call at a time however many
-    threads share the model: a server's workers each decode on one core and encode on all of them
-    (``WhisperaneModel.encode``)."""
+    AudioEncoder's and the log-mel's (default: ``threads``). ``wrap(role, component, reopen)``: what each
+    component is wrapped in as it opens (``runtime.sessions.Wrap``); by default ``IdleWeights``, each component's
+    weights out of the resident set while another runs; ``keep_resident`` keeps them all. A caller that
+    schedules requests over the model passes its own (a server's: ``whisperane.server.scheduling``)."""
     bundle = resolve_bundle(name_or_path)
     info = BundleInfo.load(bundle)
     kind = choose_kind(info, executor, compute_type)
@@ -38,7 +39,7 @@ def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onn
     with ThreadPoolExecutor(max_workers=1) as pool:  # the tokenizer is read while the sessions open
         tokenizer = pool.submit(Tokenizer.from_files, bundle / "tokenizer.json", info.special_tokens,
                                 info.languages, info.multilingual)
-        sessions = Sessions(bundle, kind, threads, compute_units, encoder_threads or threads)
+        sessions = Sessions(bundle, kind, threads, compute_units, encoder_threads or threads, wrap or IdleWeights())
         decoder = open_decoder(kind, info, sessions)
         model = WhisperaneModel(info, kind, sessions, decoder, tokenizer.result())
     release_freed_memory()

@@ -1,8 +1,11 @@
 """A loaded model: log-mel, encoder, the decoder adapter, the prefill table and the tokenizer.
 
-``whisperane.loading.load_model`` builds it; every variant (executor, compute type, decoder kind) was decided
-there. The model holds no decoding state: each call takes its own (``decoding_state``), so one model serves
-several threads at once (ONNX Runtime sessions are thread-safe).
+``whisperane.loading.load_model`` builds it; every variant (executor, compute type, decoder kind, what the
+components are wrapped in) was decided there. The model holds no decoding state: each call takes its own
+(``decoding_state``), so one model serves several threads at once (ONNX Runtime sessions are thread-safe). It
+runs its components as it was given them, and holds no lock and no count of its users: how requests share the
+cores and the memory is decided by whoever schedules them (a server's, ``whisperane.server.scheduling``), with
+the components it wrapped at load time.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,7 +35,6 @@ from .state import DecoderState
 
 if TYPE_CHECKING:  # imported for annotations only
     from ..result import TranscriptionResult
-    from .executors import Component
     from .sessions import BundleKind, Sessions
 
 
@@ -51,7 +53,6 @@ class WhisperaneModel:
         self._cross_outputs = [name for name in sessions.encoder.outputs if name != ENCODER_OUTPUT]
         self._prefill_cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._prefill_lock = threading.Lock()
-        self._encoder_lock = threading.Lock()
 
     @property
     def is_multilingual(self) -> bool:
@@ -62,7 +63,7 @@ class WhisperaneModel:
         return self.info.cache_length
 
     def tokenizer(self, language: str | None = None, task: str = "transcribe") -> Tokenizer:
-        """A tokenizer for (language, task); the parsed vocabulary is shared (parsing it takes ~0.1 s)."""
+        """A tokenizer for (language, task), sharing the model's parsed vocabulary (not parsed again for each)."""
         return self._tokenizer.with_language(language if self.info.multilingual else None, task)
 
     def log_mel(self, audio: np.ndarray, file_peak: float | None = None) -> np.ndarray:
@@ -96,26 +97,8 @@ class WhisperaneModel:
 
     def encode(self, mel: np.ndarray) -> CrossAttention:
         """Log-mels [B, M, 1, 3000] -> the cross K/V of B windows (the encoder's own output is not fetched: the
-        runtime never reads it, and held it would be another [B, d, 1, F] array).
-
-        The decoder's weights are idle while the encoder runs, and the encoder's until the next window: each
-        leaves the resident set while the other works (``Component.release_weights``), so the peak holds one
-        component's weights, not both (benchmarks/results/2026-12-03-session17-avx2.md)."""
-        with self._encoder_turn() as encoder:
-            out = encoder.run(self._encoder_feeds(mel), self._cross_outputs)
-        return self._cross(out)
-
-    @contextmanager
-    def _encoder_turn(self) -> Iterator[Component]:
-        """The encoder for one call, one call at a time whatever the threads sharing the model: on all its threads
-        a call is about as fast as one per core side by side (its matrix products divide evenly), a call alone is
-        that much sooner, and its activations (every head's attention scores are a window's largest array) are
-        held once, not once per thread (benchmarks/results/2026-12-06-session31-server.md). The decoders'
-        weights leave the resident set for the call, the encoder's after it (``encode``)."""
-        with self._encoder_lock:
-            self._sessions.release_decoder_weights()
-            yield self._sessions.encoder
-            self._sessions.encoder.release_weights()
+        runtime never reads it, and held it would be another [B, d, 1, F] array)."""
+        return self._cross(self._sessions.encoder.run(self._encoder_feeds(mel), self._cross_outputs))
 
     def encode_rows(self, mels: Sequence[np.ndarray], into: CrossAttention | None = None) -> CrossAttention:
         """Windows [1, M, 1, 3000] encoded one call each into the first len(mels) rows of ``into``, a batch of
@@ -145,17 +128,17 @@ class WhisperaneModel:
         if not self._cross.in_place:
             into.set_row(row, self.encode(mel))
             return
-        with self._encoder_turn() as encoder:
-            encoder.run_into(self._encoder_feeds(mel), {n: into.feeds[n][row : row + 1] for n in self._cross.names})
+        rows = {n: into.feeds[n][row : row + 1] for n in self._cross.names}
+        self._sessions.encoder.run_into(self._encoder_feeds(mel), rows)
 
     @staticmethod
     def _encoder_feeds(mel: np.ndarray) -> dict[str, np.ndarray]:
         return {MEL_FEATURES: np.ascontiguousarray(mel, dtype=np.float32)}
 
     def in_use(self) -> AbstractContextManager[None]:
-        """Held by each request for its decoding: while only one holds it, the decoder may run on the encoder's
-        threads (``Sessions`` opened it so where a request's own threads are fewer)."""
-        return self._sessions.users.using()
+        """Does nothing: kept until its last callers are gone (who shares the model is its scheduler's concern,
+        ``whisperane.server.scheduling``)."""
+        return nullcontext()
 
     @contextmanager
     def decoding_state(self, batch: int) -> Iterator[DecoderState]:

@@ -1,12 +1,14 @@
 """The backend boundary's choices, made once at load time: which files of a bundle an executor and compute type
-run (``BundleKind``), the sessions that run them (``Sessions``) and the decoder adapter that drives them."""
+run (``BundleKind``), the sessions that run them (``Sessions``), what each component is wrapped in (``Wrap``:
+nothing, ``keep_resident``; the idle weights released, ``IdleWeights``; or a caller's own arrangement, such as a
+server's turns in ``whisperane.server.scheduling``) and the decoder adapter that drives them. The model runs
+whatever components it was given, and knows nothing of how many callers share them."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,46 +101,129 @@ SPINNING_ROLES = ("decoder",)
 FRONT_ROLES = ("mel", "encoder")
 
 
+# ``wrap(role, component, reopen)`` -> the component the model runs for ``role`` ("mel", "encoder", "decoder",
+# "sequence", "prefill", "beam"). ``reopen(threads)``: another session of the same file on that many threads,
+# or None where the executor has no thread count (Core ML).
+Reopen = Callable[[int], Component | None]
+Wrap = Callable[[str, Component, Reopen], Component]
+
+# The decoders: the one-token steps' session and the multi-token one (float32 kinds), idle while the encoder runs.
+DECODER_ROLES = ("decoder", "sequence")
+
+
+def keep_resident(role: str, component: Component, reopen: Reopen) -> Component:
+    """Every component as opened: its weights stay in the resident set once touched."""
+    return component
+
+
+class Around:
+    """A component that runs another one (``inner``), under the same name and tensors."""
+
+    def __init__(self, inner: Component):
+        self.inner = inner
+        self.name, self.inputs, self.outputs = inner.name, inner.inputs, inner.outputs
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        return self.inner.run(feeds, outputs)
+
+    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        self.inner.run_into(feeds, outputs)
+
+    def release_weights(self) -> None:
+        self.inner.release_weights()
+
+
+class IdleWeights:
+    """One model's components arranged so that the resident set holds one component's weights, not all of them:
+    the decoders' weights leave it for each encoder call, the encoder's after it (``Component.release_weights``;
+    the next call maps them back from the page cache). Made for one model at load time (it keeps that model's
+    decoders); the peak of a transcription is lower by about one component's weights, at no measured cost in time
+    (benchmarks/results/2026-12-03-session17-avx2.md, 2026-12-06-session33-renovation-runtime.md).
+
+    Nothing here is serialized: where several threads share the model, one thread's release only costs another's
+    running call the page faults that map the weights back."""
+
+    def __init__(self):
+        self._decoders: list[Component] = []
+        self._lock = threading.Lock()  # the multi-token decoder is opened, and kept here, by a background thread
+
+    def __call__(self, role: str, component: Component, reopen: Reopen | None = None) -> Component:
+        if role in DECODER_ROLES:
+            with self._lock:
+                self._decoders.append(component)
+            return component
+        if role == "encoder":
+            return ReleasingEncoder(component, self.release_decoders)
+        return component
+
+    def release_decoders(self) -> None:
+        """The decoders' weights out of the resident set until their next call."""
+        with self._lock:
+            decoders = list(self._decoders)
+        for decoder in decoders:
+            decoder.release_weights()
+
+
+class ReleasingEncoder(Around):
+    """The encoder, with the decoders' weights released before each call (``before``) and its own after it."""
+
+    def __init__(self, encoder: Component, before: Callable[[], None]):
+        super().__init__(encoder)
+        self._before = before
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        self._before()
+        try:
+            return self.inner.run(feeds, outputs)
+        finally:
+            self.inner.release_weights()
+
+    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+        self._before()
+        try:
+            self.inner.run_into(feeds, outputs)
+        finally:
+            self.inner.release_weights()
+
+
 class Sessions:
     """The kind's components, opened one after another (the decoder first, the largest), each followed by
     returning the heap pages its set-up freed: side by side, their set-up copies coexisted, which made loading
-    the peak of a short file's run (base: 297 -> 245 MB while loading). The multi-token decoder (first used
-    after a window's encoder and steps) opens in the background; the prefill table on first use. Where the
-    encoder has more threads than a request (a server's workers), the decoder is opened a second time on the
-    encoder's threads, for a request that has the model to itself (``WhenAlone``)."""
+    the peak of a short file's run. The multi-token decoder (first used after a window's encoder and steps)
+    opens in the background; the prefill table on first use. Each component is handed to ``wrap`` as it opens,
+    and the model runs what ``wrap`` returns: how callers share the components is the wrapper's concern, never
+    the sessions'."""
 
     def __init__(self, bundle: Path, kind: BundleKind, threads: int | None, compute_units: str,
-                 encoder_threads: int | None):
-        self._files = kind.files
-        self._open = lambda role, n=None: open_component(bundle, kind.files[role], kind.executor,
-                                                         n or (encoder_threads if role in FRONT_ROLES else threads),
-                                                         compute_units, spinning=role in SPINNING_ROLES)
-        self.users = Users()
+                 encoder_threads: int | None, wrap: Wrap = keep_resident):
+        self._bundle, self._kind, self._compute_units = bundle, kind, compute_units
+        self._threads = {role: encoder_threads if role in FRONT_ROLES else threads for role in kind.files}
+        self._wrap = wrap
         self._lock = threading.Lock()
         self._lazy: dict[str, Component] = {}
         self.sequence: Future | None = None
         if "sequence" in kind.files:
             background = ThreadPoolExecutor(max_workers=1)
-            self.sequence = background.submit(self._open, "sequence")
-            self.sequence.add_done_callback(lambda _: release_freed_memory())
+            self.sequence = background.submit(self._opened, "sequence")
             background.shutdown(wait=False)
-        opened = {}
-        for role in ("decoder", "encoder", "mel"):
-            opened[role] = self._open(role)
-            release_freed_memory()
-        self.decoder, self.encoder, self.mel = opened["decoder"], opened["encoder"], opened["mel"]
-        if kind.executor == "onnx" and threads and encoder_threads and encoder_threads > threads:
-            self.decoder = WhenAlone(self.decoder, self._open("decoder", encoder_threads), self.users.alone)
-            release_freed_memory()
+        self.decoder = self._opened("decoder")
+        self.encoder = self._opened("encoder")
+        self.mel = self._opened("mel")
+
+    def _open(self, role: str, threads: int | None) -> Component:
+        component = open_component(self._bundle, self._kind.files[role], self._kind.executor, threads,
+                                   self._compute_units, spinning=role in SPINNING_ROLES)
+        release_freed_memory()
+        return component
+
+    def _opened(self, role: str) -> Component:
+        """The role's component on its threads, as ``wrap`` arranges it; ``wrap`` may open the same file again on
+        other threads (``reopen``: ONNX Runtime only)."""
+        reopen = (lambda n: self._open(role, n)) if self._kind.executor == "onnx" else (lambda n: None)
+        return self._wrap(role, self._open(role, self._threads[role]), reopen)
 
     def get_sequence(self) -> Component | None:
         return None if self.sequence is None else self.sequence.result()
-
-    def release_decoder_weights(self) -> None:
-        """The decoders' weights out of the resident set until their next call (while the encoder runs)."""
-        self.decoder.release_weights()
-        if self.sequence is not None and self.sequence.done() and self.sequence.exception() is None:
-            self.sequence.result().release_weights()
 
     def prefill(self) -> Component:
         return self.optional("prefill")
@@ -147,59 +232,8 @@ class Sessions:
         """A component opened on first use (None when the bundle has none for this role)."""
         with self._lock:
             if role not in self._lazy:
-                self._lazy[role] = self._open(role) if role in self._files else None
+                self._lazy[role] = self._opened(role) if role in self._kind.files else None
             return self._lazy[role]
-
-
-class Users:
-    """How many requests (a file's transcription, a live stream's update) use the model now."""
-
-    def __init__(self):
-        self._count = 0
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def using(self) -> Iterator[None]:
-        with self._lock:
-            self._count += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._count -= 1
-
-    def alone(self) -> bool:
-        return self._count <= 1
-
-
-class WhenAlone:
-    """One component opened twice: each call runs on ``wide`` (more threads) while ``alone()``, else on
-    ``narrow``. A server's workers each decode on one core; a request with the model to itself would leave the
-    others idle while it decodes (benchmarks/results/2026-12-06-session31-server.md). When the calls move from
-    one to the other, the one left releases its weights (both resident would be the weights twice)."""
-
-    def __init__(self, narrow: Component, wide: Component, alone: Callable[[], bool]):
-        self.narrow, self.wide, self._alone = narrow, wide, alone
-        self.name, self.inputs, self.outputs = narrow.name, narrow.inputs, narrow.outputs
-        self._last = narrow
-        wide.release_weights()
-
-    def _now(self) -> Component:
-        now = self.wide if self._alone() else self.narrow
-        if now is not self._last:  # a release during the other's call only costs that call its page faults
-            left, self._last = self._last, now
-            left.release_weights()
-        return now
-
-    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
-        return self._now().run(feeds, outputs)
-
-    def run_into(self, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-        self._now().run_into(feeds, outputs)
-
-    def release_weights(self) -> None:
-        self.narrow.release_weights()
-        self.wide.release_weights()
 
 
 def open_decoder(kind: BundleKind, info: BundleInfo, sessions: Sessions) -> Decoder:

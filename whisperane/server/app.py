@@ -37,6 +37,7 @@ from .openai_api import (
     request_options,
     too_large,
 )
+from .scheduling import Schedule
 from .sse import DeltaText, TranscriptStream
 from .workers import Cancelled, Closed, DecodePool, Job, QueueFull, Slot
 from .ws import LiveSession
@@ -66,11 +67,11 @@ def public_error(e: BaseException, upload: Upload | None = None) -> ApiError:
 class Server:
     """The app's state: the models by id, the config, the decode pool and the live sessions open now."""
 
-    def __init__(self, models: dict[str, WhisperaneModel], config: ServerConfig):
+    def __init__(self, models: dict[str, WhisperaneModel], config: ServerConfig, schedule: Schedule | None = None):
         if not models:
             raise ValueError("the server needs at least one model")
         self.models, self.config = models, config
-        self.pool = DecodePool(config.workers, config.queue)
+        self.pool = DecodePool(config.workers, config.queue, schedule)
         self.created = int(time.time())
         self.stopping = asyncio.Event()  # set once the shutdown grace is over: every wait on a client ends
         self.live: set[LiveSession] = set()
@@ -205,9 +206,11 @@ async def _cancel_on_disconnect(request: Request, slot: Slot) -> None:
     slot.job.stop()
 
 
-def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None = None) -> FastAPI:
-    """The app over ``models`` (id -> loaded model; the first is ``whisper-1``)."""
-    server = Server(models, config or ServerConfig())
+def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None = None,
+               schedule: Schedule | None = None) -> FastAPI:
+    """The app over ``models`` (id -> loaded model; the first is ``whisper-1``), loaded by ``schedule``
+    (``Schedule.load_models``), whose requests its decode pool counts."""
+    server = Server(models, config or ServerConfig(), schedule)
     app = FastAPI(title="whisperane", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
     app.add_middleware(AccessMiddleware, config=server.config)

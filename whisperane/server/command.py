@@ -30,8 +30,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--threads-per-worker", type=int, default=1,
                    help="ONNX Runtime threads of each decode (the models' sessions are shared by the workers)")
     p.add_argument("--encoder-threads", type=int, default=None,
-                   help="threads of the audio encoder, which runs one window at a time for all the workers "
-                        "(default: max-concurrency x threads-per-worker, the cores the decodes use)")
+                   help="threads of the audio encoder, which runs one window at a time for all the workers, and "
+                        "of a request's decoder while it runs alone (default: max-concurrency x threads-per-worker, "
+                        "the cores the decodes use)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those (more: 503 + Retry-After)")
     p.add_argument("--max-upload-mb", type=float, default=25.0)
     p.add_argument("--max-audio-minutes", type=float, default=60.0, help="longest upload or live stream")
@@ -100,10 +101,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..runtime.executors import map_large_allocations
     from .app import create_app
     from .lifecycle import spool_directory, uvicorn_server
-    from .models import load_models
+    from .scheduling import Schedule
 
     map_large_allocations()
-    models = load_models(names, args.threads_per_worker, encoder_threads(args))
+    schedule = Schedule(args.threads_per_worker, encoder_threads(args))
+    models = schedule.load_models(names)
     with spool_directory(config.spool_dir) as spool:
-        uvicorn_server(create_app(models, replace(config, spool_dir=spool)), args.host, args.port).run()
+        uvicorn_server(create_app(models, replace(config, spool_dir=spool), schedule), args.host, args.port).run()
     return 0

@@ -13,21 +13,24 @@ from pathlib import Path
 from .. import WhisperaneError
 from ..runtime.executors import map_large_allocations
 from .app import ServerConfig, create_app
-from .models import load_models, model_id
+from .models import model_id
+from .scheduling import Schedule
 
 APP_NAME = "whisperane"
 
 
 class WhisperaneReplica:
-    """One replica: the models loaded once, the app built on them (Ray Serve's late-bound ingress)."""
+    """One replica: the models loaded once for its schedule, the app built on them (Ray Serve's late-bound
+    ingress)."""
 
     def __init__(self, names: list[str], config: ServerConfig, threads: int, encoder_threads: int):
         map_large_allocations()  # as ``whisperane serve`` does
-        self.models = load_models(names, threads, encoder_threads)
+        self.schedule = Schedule(threads, encoder_threads)
+        self.models = self.schedule.load_models(names)
         self.config = config
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.models, self.config)
+        return create_app(self.models, self.config, self.schedule)
 
 
 def deployment(names: list[str], config: ServerConfig, replicas: int, threads: int, encoder_threads: int):

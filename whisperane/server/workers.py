@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import WhisperaneError
 from ..runtime.executors import release_freed_memory
+from .scheduling import Schedule
 
 
 def _without_frames(e: BaseException) -> BaseException:
@@ -111,16 +112,18 @@ class Slot:
 
 
 class DecodePool:
-    """``workers`` threads; at most ``workers + queue`` requests admitted at once."""
+    """``workers`` threads; at most ``workers + queue`` requests admitted at once. Each job runs inside
+    ``schedule.request()``: the schedule the server's models were loaded with (``server.scheduling``) knows from it
+    how many requests run."""
 
-    def __init__(self, workers: int, queue: int):
+    def __init__(self, workers: int, queue: int, schedule: Schedule | None = None):
         if workers < 1 or queue < 0:
             raise ValueError("the pool needs at least one worker and a queue of zero or more")
         self.workers, self.capacity = workers, workers + queue
+        self.schedule = schedule or Schedule()
         self._slots: set[Slot] = set()
         self.closed = False
         self.cancelled = 0  # jobs stopped because their client left (reported by /health)
-        self.running = 0  # jobs on a worker now
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="whisperane-decode")
 
@@ -143,6 +146,11 @@ class DecodePool:
     def admitted(self) -> int:
         return len(self._slots)
 
+    @property
+    def running(self) -> int:
+        """Jobs on a worker now."""
+        return self.schedule.running
+
     def close(self) -> None:
         """Admit nothing more (the server is stopping); the slots held run on."""
         with self._lock:
@@ -157,25 +165,25 @@ class DecodePool:
 
     def submit(self, job: Job, fn: Callable[..., Any], *args: Any) -> Future:
         def run() -> Any:
-            with self._lock:
-                self.running += 1
-            if job.started is None:
-                job.started = time.monotonic()  # the budget counts work, not the wait in the queue
-            failure = None
             try:
-                job.check()  # a job whose client left while it waited in the queue never starts
-                return fn(job, *args)
-            except (Cancelled, WhisperaneError) as e:
-                failure = _without_frames(e)
-                with self._lock:
-                    self.cancelled += isinstance(e, Cancelled) and e.reason is None
+                with self.schedule.request():
+                    return self._run(job, fn, args)
             finally:
-                with self._lock:
-                    self.running -= 1
                 release_freed_memory()  # what the request freed leaves the resident set with it
-            raise failure
 
         return self._executor.submit(run)
+
+    def _run(self, job: Job, fn: Callable[..., Any], args: tuple) -> Any:
+        if job.started is None:
+            job.started = time.monotonic()  # the budget counts work, not the wait in the queue
+        try:
+            job.check()  # a job whose client left while it waited in the queue never starts
+            return fn(job, *args)
+        except (Cancelled, WhisperaneError) as e:
+            failure = _without_frames(e)
+            with self._lock:
+                self.cancelled += isinstance(e, Cancelled) and e.reason is None
+        raise failure
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
