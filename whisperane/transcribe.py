@@ -46,8 +46,7 @@ def transcribe(
 
         model = shared_model(model)
     check_options_for_model(options, model.is_multilingual)
-    with model.in_use():
-        return _transcribe_in_mode(model, audio, options, progress, on_segment)
+    return _transcribe_in_mode(model, audio, options, progress, on_segment)
 
 
 def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,

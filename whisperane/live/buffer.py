@@ -46,9 +46,8 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     previous_text = tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
     content_frames = len(samples) // HOP_LENGTH
     audio_end = len(samples) if size >= content_frames else size * HOP_LENGTH
-    with model.in_use():
-        outcome = step(Window(0, size, enc, samples), previous_text, 0, may_resume=False, last_speech=0.0,
-                       content_frames=content_frames, audio_end=audio_end / SAMPLE_RATE)
+    outcome = step(Window(0, size, enc, samples), previous_text, 0, may_resume=False, last_speech=0.0,
+                   content_frames=content_frames, audio_end=audio_end / SAMPLE_RATE)
     words: list[Word] = []
     ends: set[int] = set()
     for segment in outcome.segments:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -134,11 +134,6 @@ class WhisperaneModel:
     @staticmethod
     def _encoder_feeds(mel: np.ndarray) -> dict[str, np.ndarray]:
         return {MEL_FEATURES: np.ascontiguousarray(mel, dtype=np.float32)}
-
-    def in_use(self) -> AbstractContextManager[None]:
-        """Does nothing: kept until its last callers are gone (who shares the model is its scheduler's concern,
-        ``whisperane.server.scheduling``)."""
-        return nullcontext()
 
     @contextmanager
     def decoding_state(self, batch: int) -> Iterator[DecoderState]:
