@@ -24,7 +24,6 @@ import whisperane  # noqa: E402
 from whisperane.audio import load_audio  # noqa: E402
 from whisperane.command import main as cli_main  # noqa: E402
 
-pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data"
 JFK = DATA / "jfk.flac"
 ENGLISH = [DATA / n for n in ("jfk.flac", "1089-134686-0001.flac", "1089-134691-0000.flac", "1089-134691-0001.flac",
@@ -34,11 +33,17 @@ NO_WORDS = {"word_timestamps": "false"}  # whisperane's own form field: where wo
 
 
 @pytest.fixture(scope="module")
-def models(tiny_en_bundle, base_bundle):
-    """Loaded as `whisperane serve` loads them for its two workers: each decode on one thread, the encoder (one
-    window at a time) on two."""
-    return {name: whisperane.load_model(bundle, threads=1, encoder_threads=2)
-            for name, bundle in (("tiny.en", tiny_en_bundle), ("base", base_bundle))}
+def schedule():
+    """As `whisperane serve` schedules its two workers: each decode on one thread, the encoder (one window at a
+    time) on two."""
+    from whisperane.server.scheduling import Schedule
+
+    return Schedule(threads=1, encoder_threads=2)
+
+
+@pytest.fixture(scope="module")
+def models(schedule, tiny_en_bundle, base_bundle):
+    return {name: schedule.load_model(bundle) for name, bundle in (("tiny.en", tiny_en_bundle), ("base", base_bundle))}
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +52,8 @@ def spool(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(models, spool):
-    with serving(models, workers=2, queue=16, max_upload_mb=UPLOAD_MB, max_audio_minutes=1, spool_dir=str(spool)) as u:
+def url(models, schedule, spool):
+    with serving(models, schedule, workers=2, queue=16, max_upload_mb=UPLOAD_MB, max_audio_minutes=1, spool_dir=str(spool)) as u:
         yield u
 
 
@@ -107,6 +112,7 @@ def test_each_response_format_equals_the_cli(client, cli_outputs, spool):
     assert list(spool.iterdir()) == []  # every upload removed
 
 
+@pytest.mark.slow
 def test_translation_on_the_multilingual_model(client, models):
     de = DATA / "test_de.wav"  # "Der hinter diesem Portal liegenden Raum wurde als Leichenhalle genutzt."
     english = client.audio.translations.create(model="base", file=de.open("rb"), extra_body=NO_WORDS)
@@ -115,6 +121,7 @@ def test_translation_on_the_multilingual_model(client, models):
     assert english.text.isascii() and {"the", "used"} <= words and not {"der", "wurde", "diesem", "als"} & words
 
 
+@pytest.mark.slow
 def test_stream_deltas_concatenate_to_the_done_text(client, long_file, models):
     events = list(client.audio.transcriptions.create(model="whisper-1", file=long_file.open("rb"), stream=True,
                                                      extra_body=NO_WORDS))
@@ -135,6 +142,7 @@ def quiet_then_loud(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [{}, {"vad_filter": "true"}, {"batch_size": "4"}], ids=["default", "vad", "batched"])
 def test_an_upload_is_opened_once_and_transcribed_as_the_cli_does(url, spool, quiet_then_loud, models, mode,
                                                                  monkeypatch):
@@ -239,6 +247,7 @@ def test_a_client_gone_mid_upload_leaves_nothing(url, spool):
     assert list(spool.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_client_gone_mid_stream_cancels_its_decode(url, long_file):
     before = healthy(url)["cancelled"]
     with httpx.stream("POST", url + "/v1/audio/transcriptions", timeout=120,
@@ -250,6 +259,7 @@ def test_a_client_gone_mid_stream_cancels_its_decode(url, long_file):
     assert settled(url)["cancelled"] == before + 1
 
 
+@pytest.mark.slow
 def test_a_client_gone_mid_decode_cancels_it(url, long_file):
     """A plain (not streamed) request: the client closes its connection once its decode runs."""
     boundary = "b0undary"
@@ -267,6 +277,7 @@ def test_a_client_gone_mid_decode_cancels_it(url, long_file):
     assert settled(url)["cancelled"] == before + 1
 
 
+@pytest.mark.slow
 def test_16_requests_from_8_clients_get_the_sequential_texts(client, models):
     short = [ENGLISH[i] for i in (1, 2, 4, 5)]  # 1.8 to 3.3 s each
     expected = {p: models["tiny.en"].transcribe(str(p), word_timestamps=False).text for p in short}
@@ -281,8 +292,8 @@ def test_16_requests_from_8_clients_get_the_sequential_texts(client, models):
     assert texts == [expected[p] for p in clips]
 
 
-def test_full_queue_is_503_with_retry_after_and_the_key_is_required(models, long_file):
-    with serving(models, workers=1, queue=0, api_key="s3cret") as url:
+def test_full_queue_is_503_with_retry_after_and_the_key_is_required(models, schedule, long_file):
+    with serving(models, schedule, workers=1, queue=0, api_key="s3cret") as url:
         assert httpx.get(url + "/health").status_code == 200  # open without the key
         for path in ("/v1/models", "/v1/audio/transcriptions"):
             r = httpx.post(url + path) if "audio" in path else httpx.get(url + path)
