@@ -399,7 +399,7 @@ def test_stream_follows_whisper_seek_pattern(long_flac):
         expected = reference[start : start + N_SAMPLES]
         assert len(window) == len(expected)
         np.testing.assert_allclose(window, expected, atol=1e-6)
-        assert len(stream._buf) <= bound
+        assert stream.buffered_samples <= bound
     assert stream.exhausted and stream.n_samples == len(reference)
     assert len(stream.read(len(reference) + 10, 100)) == 0
     with pytest.raises(ValueError, match="released"):

@@ -273,8 +273,8 @@ def test_a_long_files_row_is_the_clis_result(tiny_en_bundle, tmp_path):
     path = tmp_path / "quiet_then_loud.wav"
     pause = np.zeros(8 * 16000, np.float32)
     sf.write(str(path), np.concatenate([jfk * 0.02, pause, hour * 0.02, pause, jfk, hour]), 16000, subtype="PCM_16")
-    actor = dataset._Transcriber(str(tiny_en_bundle), "tiny.en", 1, "default",
-                                 dataclasses.asdict(whisperane.TranscribeOptions()))
+    actor = dataset.Transcriber(str(tiny_en_bundle), "tiny.en", 1, "default",
+                                dataclasses.asdict(whisperane.TranscribeOptions()))
     row = actor.transcribe_file(str(path))
     assert TranscriptionResult.from_dict(row) == whisperane.transcribe(str(path), model=actor.model)
 

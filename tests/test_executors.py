@@ -9,6 +9,7 @@ import mmap
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -196,10 +197,28 @@ def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
 
     from whisperane.runtime.sessions import keep_resident
 
-    int8 = load_model(tiny_en_bundle, threads=2, compute_type="int8", wrap=keep_resident)._sessions
-    assert int8.get_sequence() is None  # the int8 kind's one decoder session takes every decoder call
-    float32 = load_model(tiny_en_bundle, threads=2, compute_type="float32", wrap=keep_resident)._sessions
-    for sessions in (int8, float32):
-        assert spins(sessions.decoder) == "1"
-        assert (spins(sessions.encoder), spins(sessions.mel), spins(sessions.prefill())) == ("0", "0", "0")
-    assert spins(float32.get_sequence()) == "0"  # prompts and alignment passes, one call each
+    def opened(compute_type: str) -> tuple[dict, dict]:
+        """(the kind's files, the components the model runs by role), recorded through ``load_model``'s ``wrap``:
+        every one of them, the prefill table's opened on first use, the multi-token decoder's in the background."""
+        components = {}
+
+        def record(role, component, reopen):
+            components[role] = keep_resident(role, component, reopen)
+            return components[role]
+
+        model = load_model(tiny_en_bundle, threads=2, compute_type=compute_type, wrap=record)
+        model.prefill_table(0, 0)
+        roles = {"mel", "encoder", "decoder", "prefill", "sequence"} & model.kind.files.keys()
+        deadline = time.monotonic() + 60
+        while not roles <= components.keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert components.keys() == roles
+        return model.kind.files, components
+
+    int8_files, int8 = opened("int8")
+    assert "sequence" not in int8_files  # the int8 kind's one decoder session takes every decoder call
+    float32_files, float32 = opened("float32")
+    for components in (int8, float32):
+        assert spins(components["decoder"]) == "1"
+        assert (spins(components["encoder"]), spins(components["mel"]), spins(components["prefill"])) == ("0", "0", "0")
+    assert spins(float32["sequence"]) == "0"  # prompts and alignment passes, one call each

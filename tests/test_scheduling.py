@@ -153,7 +153,21 @@ def test_the_decode_pool_counts_its_jobs_in_the_schedule():
 
 @pytest.mark.parametrize("encoder_threads, wide", [(1, False), (2, True)])
 def test_the_schedule_opens_a_wide_decoder_only_where_the_encoder_has_more_threads(tiny_en_bundle, encoder_threads,
-                                                                                   wide):
-    model = Schedule(threads=1, encoder_threads=encoder_threads).load_model(tiny_en_bundle)
-    assert isinstance(model._sessions.decoder, WhenAlone) == wide
-    assert isinstance(model._sessions.encoder, EncoderTurn)
+                                                                                   wide, monkeypatch):
+    """What the schedule's load hands the model for each role (its wrap's result, recorded)."""
+    schedule = Schedule(threads=1, encoder_threads=encoder_threads)
+    wrapper, components = schedule.wrapper, {}
+
+    def recording():
+        wrap = wrapper()
+
+        def record(role, component, reopen):
+            components[role] = wrap(role, component, reopen)
+            return components[role]
+
+        return record
+
+    monkeypatch.setattr(schedule, "wrapper", recording)
+    schedule.load_model(tiny_en_bundle)
+    assert isinstance(components["decoder"], WhenAlone) == wide
+    assert isinstance(components["encoder"], EncoderTurn)

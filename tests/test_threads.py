@@ -1,6 +1,7 @@
 """One loaded model, several threads: each call holds its own decoder state, so transcripts from threads in
-parallel are those of the same calls one after another (the wall time is measured in
-benchmarks/bench_threads.py, not asserted here)."""
+parallel are those of the same calls one after another (the wall time is measured by
+``benchmarks/bench_decoding.py --only threads``, benchmarks/results/2026-12-01-decoding.md §3, not asserted
+here)."""
 
 from __future__ import annotations
 
@@ -67,11 +68,17 @@ def test_a_model_loaded_as_the_server_loads_it_gives_the_one_thread_transcripts(
     assert alone == sequential[:2] and side_by_side == sequential[:2]
 
 
-def test_transcribe_by_name_loads_the_model_once(tiny_en_bundle):
+def test_transcribe_by_name_loads_the_model_once(tiny_en_bundle, monkeypatch):
     first = whisperane.transcribe(str(DATA_DIR / "LJ001-0002.flac"), model=tiny_en_bundle)
     from whisperane import loading
 
-    loaded = dict(loading._LOADED)
+    loads, load_model = [], loading.load_model
+
+    def recording(*args, **kwargs):
+        loads.append(args)
+        return load_model(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_model", recording)
     second = whisperane.transcribe(str(DATA_DIR / "LJ001-0002.flac"), model=tiny_en_bundle)
-    assert loading._LOADED == loaded and len(loaded) >= 1
+    assert loads == []  # the first call's model, reused
     assert first.to_dict() == second.to_dict()

@@ -411,7 +411,7 @@ def test_five_minutes_of_silence_and_noise_give_no_speech(tmp_path):
     def spy(start: int, n: int) -> np.ndarray:
         reads.append((start, n))
         out = read(start, n)
-        buffered.append(len(stream._buf))
+        buffered.append(stream.buffered_samples)
         return out
 
     stream.read = spy
@@ -577,14 +577,16 @@ def test_speech_stream_memory_is_bounded_on_20_minutes(gapped, gapped_probabilit
     regions = [*once, *(vad_regions.SpeechRegion(r.start + second, r.end + second) for r in once)]
     expected = _speech_only(audio, regions).astype(np.float32) / 32768  # libsndfile's int16 -> float scale
     rng = np.random.default_rng(3)
-    with vad_stream.SpeechStream(open_audio(path), regions, len(audio)) as stream:
+    reader = open_audio(path)
+    with vad_stream.SpeechStream(reader, regions, len(audio)) as stream:
         offsets = np.cumsum([0] + [r.n_samples for r in regions])
         start, spanning, held = 0, 0, []
         while start < stream.n_samples:
             np.testing.assert_array_equal(stream.read(start, N_SAMPLES), expected[start : start + N_SAMPLES])
             end = min(start + N_SAMPLES, stream.n_samples)
             spanning += bisect.bisect_left(offsets, end) - bisect.bisect_right(offsets, start) > 0
-            held.append((len(stream._buf), len(stream._reader._buf)))
+            # (the speech stream's own samples, its reader's): the stream holds both
+            held.append((stream.buffered_samples - reader.buffered_samples, reader.buffered_samples))
             start += int(rng.integers(N_SAMPLES // 2, N_SAMPLES + 1))
     assert spanning >= 10  # reads across region boundaries
     assert max(max(h) for h in held) <= 2 * N_SAMPLES, max(held)

@@ -171,6 +171,11 @@ class AudioStream:
         return self._length_known
 
     @property
+    def buffered_samples(self) -> int:
+        """Samples held in memory now: a bound on what a stream holds, so tests and callers can check it stays bounded."""
+        return len(self._buf)
+
+    @property
     def n_samples(self) -> int:
         """Number of samples at ``sample_rate``: from the header where it is exact (see ``length_known``), else
         counted by decoding the file once ahead on first use (:func:`probe_duration` stops at a limit); exact

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import ray.data
 
 
-class _Transcriber:
+class Transcriber:
     """One Ray actor: one model, loaded when the first readable file needs it (bad files fail fast)."""
 
     def __init__(self, bundle: str, model_name: str, threads: int, compute_type: str, options: dict):
@@ -104,7 +104,7 @@ def transcribe_dataset(
     if renames:
         data = data.rename_columns(renames)
     return data.map_batches(
-        _Transcriber,
+        Transcriber,
         fn_constructor_kwargs={"bundle": str(bundle), "model_name": model_label or str(model), "threads": threads_per_worker,
                                "compute_type": compute_type, "options": option_kwargs},
         batch_format="pyarrow",

@@ -75,6 +75,11 @@ class SpeechStream:
         """Length of the original audio in seconds."""
         return self.original_n_samples / self.sample_rate
 
+    @property
+    def buffered_samples(self) -> int:
+        """Samples held in memory now, its reader's included: a bound, so tests and callers can check it stays bounded."""
+        return len(self._buf) + self._reader.buffered_samples
+
     def read(self, start_sample: int, n_samples: int) -> np.ndarray:
         """Speech-only samples ``[start_sample, start_sample + n_samples)``; shorter or empty past the end."""
         if start_sample < 0 or n_samples < 0:
