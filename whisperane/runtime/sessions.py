@@ -138,7 +138,7 @@ class IdleWeights:
     the decoders' weights leave it for each encoder call, the encoder's after it (``Component.release_weights``;
     the next call maps them back from the page cache). Made for one model at load time (it keeps that model's
     decoders); the peak of a transcription is lower by about one component's weights, at no measured cost in time
-    (benchmarks/results/2026-12-03-session17-avx2.md, 2026-12-06-session33-renovation-runtime.md).
+    (benchmarks/results/2026-12-03-session17-avx2.md, 2026-12-06-session33-renovation.md).
 
     Nothing here is serialized: where several threads share the model, one thread's release only costs another's
     running call the page faults that map the weights back."""
