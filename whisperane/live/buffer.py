@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from ..audio import HOP_LENGTH, N_FRAMES
 from ..longform.speech_guard import SpeechGuard
 from ..longform.step import WindowStep
 from ..longform.window import Window
@@ -44,10 +44,9 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     guard = SpeechGuard.of_voiced_frames(voiced) if voiced is not None else None
     step = WindowStep(model, options, tokenizer, None, guard)
     previous_text = tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
-    content_frames = len(samples) // HOP_LENGTH
-    audio_end = len(samples) if size >= content_frames else size * HOP_LENGTH
-    outcome = step(Window(0, size, enc, samples), previous_text, 0, may_resume=False, last_speech=0.0,
-                   content_frames=content_frames, audio_end=audio_end / SAMPLE_RATE)
+    window, content_frames = Window(0, size, enc, samples), len(samples) // HOP_LENGTH
+    outcome = step(window, previous_text, 0, may_resume=False, last_speech=0.0, content_frames=content_frames,
+                   audio_end=window.audio_end(content_frames, len(samples)))
     words: list[Word] = []
     ends: set[int] = set()
     for segment in outcome.segments:

@@ -134,12 +134,9 @@ class SeekLoop:
         return self.window_index > 0 and self.window_end is None and 0 < left < N_FRAMES
 
     def _step(self, w: Window, first: DecodingResult | None) -> WindowOutcome:
-        # the window's audio: to the end of the stream for its last window (whose partial last frame it holds),
-        # else to its last frame
-        end = self.stream.n_samples if w.seek + w.size >= self.content_frames else (w.seek + w.size) * HOP_LENGTH
         outcome = self.step(w, self.prompt, self.window_index, may_resume=w.seek not in self.resumed,
                             last_speech=self.last_speech, content_frames=self.content_frames,
-                            audio_end=end / SAMPLE_RATE, first=first)
+                            audio_end=w.audio_end(self.content_frames, self.stream.n_samples), first=first)
         self.window_index += 1
         return outcome
 

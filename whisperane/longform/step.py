@@ -68,7 +68,7 @@ class WindowStep:
                 if self.guard else None
             if verdict is None or verdict.resume is None:
                 return WindowOutcome((), w.seek + w.size, NO_SPEECH)
-            return self._keep(w, result, [], verdict.resume.frame, audio_end, verdict.resume.unheard_end)
+            return self._keep(w, result, [], verdict.resume.frame, audio_end, verdict.resume.unheard_end, resumed=True)
         segments, seek, single_timestamp_ending = split_segments(result, self.tokenizer, w.seek, w.size)
         if options.word_timestamps:
             add_words(self.model, w.enc, result, segments, self.tokenizer, options, w.time_offset, w.size, last_speech)
@@ -95,12 +95,10 @@ class WindowStep:
         return self._keep(w, result, verdict.segments, verdict.resume.frame, audio_end, window_end, resumed=True)
 
     def _keep(self, w: Window, result: DecodingResult, segments: list[dict], seek: int, audio_end: float,
-              window_end: int | None = None, resumed: bool | None = None) -> WindowOutcome:
+              window_end: int | None = None, resumed: bool = False) -> WindowOutcome:
         """The window's segments kept (never ending past the window's audio, never empty) and the next seek: past
         the window's start, unless the guard ``resumed`` there (it decodes a window again once, without the
-        prompt, and never guards that window again). A window end alone means a resume too (the no-speech rule's
-        window with voice)."""
-        resumed = window_end is not None if resumed is None else resumed
+        prompt, and never guards that window again)."""
         last_speech = get_end(segments) if self.options.word_timestamps else None
         if last_speech is not None:  # of the kept segments: a resumed window is aligned again after them
             trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only

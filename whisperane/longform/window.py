@@ -61,6 +61,12 @@ class Window:
     def duration(self) -> float:
         return self.size * HOP_LENGTH / SAMPLE_RATE
 
+    def audio_end(self, content_frames: int, n_samples: int) -> float:
+        """Where the window's audio ends (seconds of the stream): the stream's end for its last window (whose
+        partial last frame it holds), else its last frame. ``content_frames`` and ``n_samples``: the stream's."""
+        end = n_samples if self.seek + self.size >= content_frames else (self.seek + self.size) * HOP_LENGTH
+        return end / SAMPLE_RATE
+
     def frame(self, t: float) -> int:
         """The mel frame, from the window's start, of time ``t`` (seconds of the stream)."""
         return round((t - self.time_offset) * FRAMES_PER_SECOND)
