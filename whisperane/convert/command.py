@@ -19,6 +19,7 @@ from ..errors import ConversionError, WhisperaneError
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+SPEAKER_SOURCE = "resemblyzer"  # `whisperane convert resemblyzer`: the speaker encoder for --diarize
 
 
 class StepProgress:
@@ -66,7 +67,7 @@ def add_convert_parser(subparsers) -> None:
             "TextDecoderContextPrefill, config.json, tokenizer.json). SOURCE is a model name (tiny.en and base "
             "resolve offline), a Hugging Face repo id, or a local checkpoint: a CTranslate2 / faster-whisper "
             "directory, a Hugging Face directory or an OpenAI .pt file. Converting an unchanged source again "
-            "is a no-op."
+            "is a no-op. SOURCE resemblyzer builds the speaker encoder that --diarize uses."
         ),
     )
     parser.add_argument(
@@ -107,21 +108,25 @@ def run_convert(args: argparse.Namespace) -> int:
     try:
         try:
             from .pipeline import convert
+            from .speaker import build_speaker_encoder
         except ImportError as err:
             raise ConversionError(
                 f"whisperane convert needs the build dependencies ({err}); install them with: "
                 "pip install 'whisperane[convert]'"
             ) from err
-        bundle = convert(
-            args.source,
-            out_dir=args.out,
-            formats=tuple(args.formats),
-            cache_length=args.cache_length,
-            palettize=args.palettize,
-            tokenizer_dir=args.tokenizer,
-            force=args.force,
-            progress=progress,
-        )
+        if args.source == SPEAKER_SOURCE:
+            bundle = build_speaker_encoder(args.out, force=args.force, progress=progress)
+        else:
+            bundle = convert(
+                args.source,
+                out_dir=args.out,
+                formats=tuple(args.formats),
+                cache_length=args.cache_length,
+                palettize=args.palettize,
+                tokenizer_dir=args.tokenizer,
+                force=args.force,
+                progress=progress,
+            )
     except KeyboardInterrupt:
         # The pipeline builds in a temporary directory that its own cleanup removes on the way out: the
         # previous bundle (if any) is untouched and no partial one claims to be complete.

@@ -1,0 +1,41 @@
+"""The speaker encoder's input, in numpy: Resemblyzer's mel power spectrogram (librosa's ``melspectrogram`` with
+its defaults: 25 ms periodic Hann windows every 10 ms, centred on zero padding, power 2, 40 Slaney mels; not a
+log-mel) and its volume normalisation to -30 dBFS, increase only (docs/DESIGN.md §12)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .speaker_model import HOP_LENGTH, N_FFT, NORM_TARGET_DBFS
+
+INT16_MAX = 2**15 - 1  # Resemblyzer measures dBFS on 16-bit sample values
+
+
+@lru_cache(maxsize=1)
+def hann_window() -> np.ndarray:
+    """The periodic Hann window of N_FFT samples (``scipy.signal.get_window("hann", N_FFT)``, librosa's)."""
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
+
+
+def mel_power(audio: np.ndarray, filters: np.ndarray) -> np.ndarray:
+    """Mel power frames [1 + len(audio) // HOP_LENGTH, n_mels] float32 of 16 kHz ``audio``: frame ``t`` is
+    centred on sample ``t * HOP_LENGTH``."""
+    audio = np.asarray(audio, dtype=np.float32)
+    padded = np.pad(audio, N_FFT // 2)
+    n_frames = 1 + len(audio) // HOP_LENGTH
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH][:n_frames]
+    spectrum = np.fft.rfft(frames * hann_window(), axis=1)
+    power = spectrum.real**2 + spectrum.imag**2
+    return (power.astype(np.float32) @ filters.T).astype(np.float32)
+
+
+def volume_gain(samples: np.ndarray) -> float:
+    """The amplitude factor that brings ``samples`` to NORM_TARGET_DBFS, or 1 when they are already louder
+    (Resemblyzer's ``normalize_volume(..., increase_only=True)``); 1 for digital silence."""
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) * INT16_MAX if len(samples) else 0.0
+    if rms <= 0.0:
+        return 1.0
+    change_db = NORM_TARGET_DBFS - 20.0 * np.log10(rms / INT16_MAX)
+    return float(10.0 ** (change_db / 20.0)) if change_db > 0 else 1.0
