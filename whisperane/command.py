@@ -28,7 +28,7 @@ from .errors import WhisperaneError
 from .options import COMPUTE_TYPES, EXECUTORS
 from .result import TranscriptionResult
 from .version import __version__
-from .writers import OUTPUT_FORMATS, SUBTITLE_OPTIONS
+from .writers import OUTPUT_FORMATS, SPEAKER_FORMATS, SUBTITLE_OPTIONS
 
 
 def add_transcribe_parser(sub) -> None:
@@ -38,7 +38,7 @@ def add_transcribe_parser(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("audio", nargs="+", help="audio files or directories of audio files")
     add_model_arguments(p)
-    p.add_argument("--output-format", "-f", default="json", choices=(*OUTPUT_FORMATS, "all"))
+    p.add_argument("--output-format", "-f", default="json", choices=(*OUTPUT_FORMATS, *SPEAKER_FORMATS, "all"))
     p.add_argument("--output-dir", "-o", default=".", help="directory for the outputs; '-' prints JSON to stdout")
     p.add_argument("--overwrite", action="store_true", help="transcribe again files whose outputs are complete")
     add_option_arguments(p)
@@ -128,6 +128,9 @@ def run_transcribe(args: argparse.Namespace) -> int:
         print_error("--threads must be >= 0")
         return 2
     options = options_from_args(args)  # an OptionsError is one line and exit 1, before any file is read
+    if args.output_format in SPEAKER_FORMATS and not options.diarize:
+        print_error(f"--output-format {args.output_format} writes speaker turns: add --diarize")
+        return 1
     to_stdout = args.output_dir == "-"
     if not to_stdout:
         try:

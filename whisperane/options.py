@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
+from .diarize.clustering import SpeakerCount
 from .errors import OptionsError
 from .tokenizer import TASKS, normalize_language
 
@@ -68,6 +69,11 @@ class TranscribeOptions:
         "speech) is decoded again from there, once; Silero VAD checks only such stretches"))
     batch_size: int | None = field(default=None, metadata=_help(
         "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))
+    diarize: bool = field(default=False, metadata=_help(
+        "speaker labels (SPEAKER_00, ...) on every word and segment; segments split where the speaker changes"))
+    num_speakers: int | None = field(default=None, metadata=_help("with diarize: the number of speakers (else estimated)"))
+    min_speakers: int | None = field(default=None, metadata=_help("with diarize: at least this many speakers"))
+    max_speakers: int | None = field(default=None, metadata=_help("with diarize: at most this many speakers"))
     prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))
     alignment: str = field(default="teacher-forced", metadata=_help(
         "word-timing rows: a teacher-forced pass, or gathered while decoding", choices=ALIGNMENTS))
@@ -86,10 +92,11 @@ class TranscribeOptions:
             _optional_number(name, getattr(self, name), minimum=0.0)
         _search_options(self.best_of, self.beam_size, self.patience, self.length_penalty)
         _batched_mode(self)
+        _speaker_options(self)
         for name in ("initial_prompt", "prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
-        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard"):
+        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard", "diarize"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
 
@@ -104,6 +111,10 @@ class TranscribeOptions:
             without_timestamps=self.without_timestamps, max_initial_timestamp=self.max_initial_timestamp,
             prefill=self.prefill, seed=seed,
         )
+
+    @property
+    def speaker_count(self) -> SpeakerCount:
+        return SpeakerCount(self.num_speakers, self.min_speakers, self.max_speakers)
 
     def to_kwargs(self) -> dict:
         """The fields as ``transcribe()`` keywords."""
@@ -140,6 +151,7 @@ class DecodingOptions:
     max_initial_timestamp: float | None = 1.0
     prefill: str = "exact"  # "exact" (multi-token decoder) or "table" (TextDecoderContextPrefill, WhisperKit)
     seed: int = 0  # sampling at temperature > 0 is seeded: the same input gives the same output
+    stop_at_repetition: bool = False  # end a sample where its text starts to loop, the loop cut (repetition.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "language", _language(self.language))
@@ -190,6 +202,15 @@ def _batched_mode(options: TranscribeOptions) -> None:
     if options.clip_timestamps != (0.0,) or options.hallucination_silence_threshold is not None:
         raise OptionsError("batched mode chooses its chunks by VAD: clip_timestamps and "
                            "hallucination_silence_threshold apply to the sequential mode")
+
+
+def _speaker_options(options: TranscribeOptions) -> None:
+    """The speaker count's options: valid numbers (``SpeakerCount``), and only with diarize."""
+    counts = {name: getattr(options, name) for name in ("num_speakers", "min_speakers", "max_speakers")}
+    SpeakerCount(**counts)
+    given = [name for name, value in counts.items() if value is not None]
+    if given and options.diarize is not True:
+        raise OptionsError(f"{given[0]} applies to speaker labels: add diarize")
 
 
 def _search_options(best_of, beam_size, patience, length_penalty) -> None:

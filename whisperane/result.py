@@ -18,6 +18,32 @@ class Word:
     end: float
     probability: float
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Word:
+        return SpeakerWord(**d) if "speaker" in d else Word(**d)
+
+
+@dataclass(frozen=True)
+class SpeakerWord(Word):
+    """A word with its speaker's label (diarize: "SPEAKER_00", ...); a word of its own class, so the words of a
+    transcript without speakers keep their four keys wherever they are written."""
+
+    speaker: str
+
+
+@dataclass(frozen=True)
+class SpeakerTurn:
+    """One speaker's stretch of speech (diarize): what an RTTM line holds."""
+
+    speaker: str
+    start: float
+    end: float
+
+
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -32,13 +58,16 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     words: tuple[Word, ...] | None = None
+    speaker: str | None = None  # with diarize: every segment holds one speaker
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["tokens"] = list(self.tokens)
-        d["words"] = None if self.words is None else [asdict(w) for w in self.words]
+        d["words"] = None if self.words is None else [w.to_dict() for w in self.words]
         if self.words is None:
             d.pop("words")
+        if self.speaker is None:
+            d.pop("speaker")
         return d
 
     @classmethod
@@ -47,7 +76,8 @@ class Segment:
         words = d.get("words")
         return cls(id=d["id"], seek=d["seek"], start=d["start"], end=d["end"], text=d["text"], tokens=tuple(d["tokens"]),
                    temperature=d["temperature"], avg_logprob=d["avg_logprob"], compression_ratio=d["compression_ratio"],
-                   no_speech_prob=d["no_speech_prob"], words=None if words is None else tuple(Word(**w) for w in words))
+                   no_speech_prob=d["no_speech_prob"], words=None if words is None else tuple(Word.from_dict(w) for w in words),
+                   speaker=d.get("speaker"))
 
 
 @dataclass(frozen=True)
@@ -57,20 +87,36 @@ class TranscriptionResult:
     duration: float
     segments: tuple[Segment, ...]
     language_probs: dict[str, float] | None = None
+    speaker_turns: tuple[SpeakerTurn, ...] | None = None  # with diarize: who spoke when, in time order
+
+    @property
+    def speakers(self) -> dict[str, float] | None:
+        """Each speaker's total speech time in seconds, in label order (None without diarize)."""
+        if self.speaker_turns is None:
+            return None
+        totals: dict[str, float] = {}
+        for turn in self.speaker_turns:
+            totals[turn.speaker] = totals.get(turn.speaker, 0.0) + turn.end - turn.start
+        return {speaker: round(totals[speaker], 3) for speaker in sorted(totals)}
 
     def to_dict(self) -> dict:
         d = {"text": self.text, "language": self.language, "duration": self.duration,
              "segments": [s.to_dict() for s in self.segments]}
         if self.language_probs is not None:
             d["language_probs"] = dict(sorted(self.language_probs.items(), key=lambda kv: -kv[1])[:5])
+        if self.speaker_turns is not None:
+            d["speakers"] = [{"speaker": k, "duration": v} for k, v in self.speakers.items()]
+            d["speaker_turns"] = [asdict(t) for t in self.speaker_turns]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> TranscriptionResult:
         """The inverse of ``to_dict``, for a result read back from JSON (a batch row, a saved file); keys
         ``to_dict`` does not write are ignored (a batch row's ``error``, ``sha256``, ...)."""
+        turns = d.get("speaker_turns")
         return cls(text=d["text"], language=d["language"], duration=d["duration"],
-                   segments=tuple(Segment.from_dict(s) for s in d["segments"]), language_probs=d.get("language_probs"))
+                   segments=tuple(Segment.from_dict(s) for s in d["segments"]), language_probs=d.get("language_probs"),
+                   speaker_turns=None if turns is None else tuple(SpeakerTurn(**t) for t in turns))
 
 
 def rounded(segment: Segment, segment_id: int) -> Segment:

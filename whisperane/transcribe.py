@@ -46,7 +46,14 @@ def transcribe(
 
         model = shared_model(model)
     check_options_for_model(options, model.is_multilingual)
-    return _transcribe_in_mode(model, audio, options, progress, on_segment)
+    if not options.diarize:
+        return _transcribe_in_mode(model, audio, options, progress, on_segment)
+    from .diarize.pipeline import BackgroundDiarization  # the speaker encoder: only when asked for
+    from .diarize.words import with_speakers
+
+    speakers = BackgroundDiarization(audio, options.speaker_count)  # beside the transcription, on its own thread
+    result = _transcribe_in_mode(model, audio, options, progress, on_segment)
+    return with_speakers(result, speakers.turns(), model.tokenizer(result.language, options.task).encode)
 
 
 def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,

@@ -1,4 +1,5 @@
-"""Output writers: json (default), txt, srt, vtt, tsv, as openai-whisper writes them.
+"""Output writers: json (default), txt, srt, vtt, tsv, as openai-whisper writes them; with speakers (diarize), srt
+and vtt cues prefixed ``[SPEAKER_00]: `` as WhisperX writes them, txt with a speaker line at each change, and rttm.
 
 Every writer takes the :class:`~whisperane.result.TranscriptionResult` that ``transcribe()`` returns; the JSON
 writer writes its ``to_dict()``. Every file is rendered to a string first and then written atomically
@@ -17,13 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from .errors import OutputError
-from .result import Segment, TranscriptionResult, Word
+from .result import Segment, SpeakerWord, TranscriptionResult, Word
 from .util import atomic_write
 
 OUTPUT_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
+SPEAKER_FORMATS = ("rttm",)  # needs diarize; not part of "all"
 
 # Keys in the order they are written; unknown keys follow, sorted.
-_RESULT_KEYS = ("text", "language", "duration", "segments")
+_RESULT_KEYS = ("text", "language", "duration", "segments", "speakers", "speaker_turns")
 _SEGMENT_KEYS = (
     "id", "seek", "start", "end", "text", "tokens", "temperature",
     "avg_logprob", "compression_ratio", "no_speech_prob", "words",
@@ -98,7 +100,32 @@ class WriteTXT(ResultWriter):
     extension = "txt"
 
     def render(self, result: TranscriptionResult, options: dict | None = None, **kwargs) -> str:
-        return "".join(f"{segment.text.strip()}\n" for segment in result.segments)
+        lines, speaker = [], None
+        for segment in result.segments:
+            if segment.speaker is not None and segment.speaker != speaker:
+                speaker = segment.speaker
+                lines.append(f"[{speaker}]\n")
+            lines.append(f"{segment.text.strip()}\n")
+        return "".join(lines)
+
+
+class WriteRTTM(ResultWriter):
+    """NIST RTTM, one ``SPEAKER`` line per speaker turn (the audio's stem as the file id): what diarization
+    tools exchange. Needs a result with speakers (diarize)."""
+
+    extension = "rttm"
+
+    def __call__(self, result: TranscriptionResult, audio_path: str | os.PathLike, options: dict | None = None,
+                 **kwargs) -> Path:
+        text = self.render(result, uri=Path(audio_path).stem)
+        return atomic_write_text(self.output_path(audio_path), text)
+
+    def render(self, result: TranscriptionResult, options: dict | None = None, uri: str = "audio", **kwargs) -> str:
+        if result.speaker_turns is None:
+            raise OutputError(f"{uri}.rttm: the transcript has no speakers: transcribe with diarize")
+        uri = "_".join(uri.split()) or "audio"
+        return "".join(f"SPEAKER {uri} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {t.speaker} <NA> <NA>\n"
+                       for t in result.speaker_turns)
 
 
 def _options(options: dict | None, kwargs: dict) -> dict:
@@ -128,13 +155,16 @@ class SubtitlesWriter(ResultWriter):
         segments = result.segments
         if any(segment.words for segment in segments):
             for cue in _word_cues(segments, opts):
-                yield from self._render_word_cue(cue, bool(opts["highlight_words"]))
+                prefix = f"[{cue[0].speaker}]: " if isinstance(cue[0], SpeakerWord) else ""
+                for start, end, text in self._render_word_cue(cue, bool(opts["highlight_words"])):
+                    yield start, end, prefix + text
         else:
             for segment in segments:
+                prefix = f"[{segment.speaker}]: " if segment.speaker is not None else ""
                 yield (
                     self.format_timestamp(segment.start),
                     self.format_timestamp(segment.end),
-                    _cue_text(segment.text.strip()),
+                    prefix + _cue_text(segment.text.strip()),
                 )
 
     def _render_word_cue(self, cue: list[Word], highlight: bool) -> Iterator[tuple[str, str, str]]:
@@ -192,7 +222,9 @@ def _word_cues(segments: Sequence[Segment], opts: dict) -> Iterator[list[Word]]:
             for i, timing in enumerate(words[chunk_start : chunk_start + max_words_per_line]):
                 long_pause = not preserve_segments and timing.start - last_start > 3.0
                 has_room = line_len + len(timing.word) <= max_line_width
-                segment_break = i == 0 and len(cue) > 0 and preserve_segments
+                # a cue holds one speaker: a change of speaker starts a new cue, whatever the layout
+                speaker_break = len(cue) > 0 and getattr(timing, "speaker", None) != getattr(cue[-1], "speaker", None)
+                segment_break = (i == 0 and len(cue) > 0 and preserve_segments) or speaker_break
                 if line_len > 0 and has_room and not long_pause and not segment_break:
                     line_len += len(timing.word)  # continues the line
                 else:
@@ -303,6 +335,7 @@ _WRITERS: dict[str, type[ResultWriter]] = {
     "srt": WriteSRT,
     "tsv": WriteTSV,
     "json": WriteJSON,
+    "rttm": WriteRTTM,
 }
 
 
@@ -313,7 +346,7 @@ def _expand_formats(formats: str | Iterable[str]) -> list[str]:
         for fmt in OUTPUT_FORMATS if name == "all" else [name]:
             if fmt not in _WRITERS:
                 raise ValueError(
-                    f"unknown output format {fmt!r}; choose from {', '.join(OUTPUT_FORMATS)} or all"
+                    f"unknown output format {fmt!r}; choose from {', '.join(OUTPUT_FORMATS + SPEAKER_FORMATS)} or all"
                 )
             if fmt not in expanded:
                 expanded.append(fmt)

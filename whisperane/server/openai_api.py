@@ -22,18 +22,19 @@ from starlette.responses import JSONResponse
 from .. import OptionsError
 from ..audio import SAMPLE_RATE, open_audio
 from ..errors import WhisperaneError
-from ..result import Segment, TranscriptionResult
+from ..result import Segment, SpeakerWord, TranscriptionResult, Word
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
 from .config import MAX_BATCH_SIZE, MAX_BEAM_SIZE
 
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 GRANULARITIES = ("word", "segment")
 MAX_FIELD_BYTES = 64 * 1024
 MAX_FIELDS = 64
 MAX_BOUNDARY = 70  # RFC 2046's limit on a multipart boundary's length
 # whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
-EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool}
+EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool, "diarize": bool,
+                 "num_speakers": int, "min_speakers": int, "max_speakers": int}
 UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
 READ_BLOCK = 30 * SAMPLE_RATE  # samples an upload's decode reads between two checks of its job
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
@@ -302,6 +303,10 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
     if "word" in granularities and kwargs.get("word_timestamps") is False:
         raise ApiError(400, "word timestamps were asked for with word_timestamps=false", param="word_timestamps")
     stream = _flag("stream", upload.value("stream") or "false")
+    if response_format == "diarized_json":  # OpenAI's speaker segments: diarize implied
+        kwargs["diarize"] = kwargs.get("diarize", True)
+    if stream and kwargs.get("diarize"):
+        raise ApiError(400, "diarize labels the finished transcript: it cannot be streamed", param="stream")
     return RequestOptions(model, response_format, stream, granularities, kwargs)
 
 
@@ -319,7 +324,17 @@ def render(result: TranscriptionResult, options: RequestOptions, task: str) -> t
     if fmt in ("srt", "vtt"):
         writer = WriteSRT(".") if fmt == "srt" else WriteVTT(".")
         return writer.render(result), "text/plain; charset=utf-8"
+    if fmt == "diarized_json":
+        return diarized_json(result, task), "application/json"
     return verbose_json(result, options, task), "application/json"
+
+
+def diarized_json(result: TranscriptionResult, task: str) -> dict:
+    """OpenAI's ``diarized_json`` (gpt-4o-transcribe-diarize): one segment per speaker's stretch of text."""
+    segments = [{"type": "transcript.text.segment", "id": f"seg_{s.id}", "speaker": s.speaker, "start": s.start,
+                 "end": s.end, "text": s.text} for s in result.segments]
+    return {"task": task, "duration": result.duration, "text": result.text, "segments": segments,
+            "usage": {"type": "duration", "seconds": round(result.duration, 3)}}
 
 
 def verbose_json(result: TranscriptionResult, options: RequestOptions, task: str) -> dict:
@@ -328,12 +343,19 @@ def verbose_json(result: TranscriptionResult, options: RequestOptions, task: str
     if "segment" in options.granularities:
         body["segments"] = [_segment(s) for s in result.segments]
     if "word" in options.granularities:
-        body["words"] = [{"word": w.word, "start": w.start, "end": w.end} for s in result.segments for w in s.words or ()]
+        body["words"] = [_word(w) for s in result.segments for w in s.words or ()]
+    if result.speakers is not None:
+        body["speakers"] = [{"speaker": k, "duration": v} for k, v in result.speakers.items()]
     return body
+
+
+def _word(w: Word) -> dict:
+    word = {"word": w.word, "start": w.start, "end": w.end}
+    return {**word, "speaker": w.speaker} if isinstance(w, SpeakerWord) else word
 
 
 def _segment(s: Segment) -> dict:
     """OpenAI's segment object: whisperane's segment without its words (those are the response's ``words``)."""
     return {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens),
             "temperature": s.temperature, "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-            "no_speech_prob": s.no_speech_prob}
+            "no_speech_prob": s.no_speech_prob, **({} if s.speaker is None else {"speaker": s.speaker})}

@@ -1,0 +1,68 @@
+"""Speaker turns from labelled windows: each 10 ms frame of a speech region goes to the speaker whose centroid the
+windows covering it are closest to on average, runs of one speaker become turns, a speaker's turns closer than
+FILL_GAP are joined, and labels are numbered SPEAKER_00, SPEAKER_01, ... in order of first speech."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..result import SpeakerTurn
+from .clustering import centroids_of
+from .windows import SpeechWindows
+
+FRAME_SAMPLES = 160  # 10 ms
+# A speaker's pause shorter than this stays inside the turn (a breath, a sentence break), as annotators mark turns.
+FILL_GAP = 1.0
+
+
+def label(index: int) -> str:
+    return f"SPEAKER_{index:02d}"
+
+
+def speaker_turns(windows: SpeechWindows, clusters: np.ndarray) -> tuple[SpeakerTurn, ...]:
+    """Turns (seconds, labels in order of first speech) from each window's cluster."""
+    if len(windows) == 0:
+        return ()
+    centroids = centroids_of(windows.embeddings.astype(np.float64), clusters)
+    similarity = windows.embeddings @ centroids.T  # [windows, speakers]
+    raw: list[tuple[int, int, int]] = []  # (start sample, end sample, cluster)
+    for index, region in enumerate(windows.regions):
+        inside = np.flatnonzero(windows.regions_of == index)
+        if len(inside):
+            raw += region_runs(region.start, region.end, windows.spans[inside], similarity[inside])
+    return numbered(joined(raw))
+
+
+def region_runs(start: int, end: int, spans: np.ndarray, similarity: np.ndarray) -> list[tuple[int, int, int]]:
+    """Runs of one cluster over a region's frames, each frame scored by the mean similarity of its windows."""
+    n_frames = max(1, -(-(end - start) // FRAME_SAMPLES))
+    scores = np.zeros((n_frames, similarity.shape[1]))
+    covered = np.zeros(n_frames)
+    for (first, last), row in zip(spans, similarity, strict=True):
+        a, b = (first - start) // FRAME_SAMPLES, -(-(last - start) // FRAME_SAMPLES)
+        scores[a:b] += row
+        covered[a:b] += 1
+    best = np.argmax(scores / np.maximum(covered, 1)[:, None], axis=1)
+    changes = np.flatnonzero(np.diff(best)) + 1
+    bounds = [0, *changes.tolist(), n_frames]
+    return [(start + a * FRAME_SAMPLES, min(end, start + b * FRAME_SAMPLES), int(best[a]))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def joined(raw: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Consecutive runs of one cluster closer than FILL_GAP made one."""
+    out: list[tuple[int, int, int]] = []
+    for start, end, cluster in raw:
+        if out and out[-1][2] == cluster and start - out[-1][1] < FILL_GAP * SAMPLE_RATE:
+            out[-1] = (out[-1][0], end, cluster)
+        else:
+            out.append((start, end, cluster))
+    return out
+
+
+def numbered(raw: list[tuple[int, int, int]]) -> tuple[SpeakerTurn, ...]:
+    order: dict[int, str] = {}
+    for _, _, cluster in raw:
+        order.setdefault(cluster, label(len(order)))
+    return tuple(SpeakerTurn(order[c], round(s / SAMPLE_RATE, 3), round(e / SAMPLE_RATE, 3)) for s, e, c in raw)
