@@ -37,14 +37,19 @@ class SpeakerCount:
             raise OptionsError("give num_speakers or min_speakers/max_speakers, not both")
 
 
-def cluster_windows(embeddings: np.ndarray, count: SpeakerCount | None = None) -> np.ndarray:
-    """A cluster index for each window (0..k-1, in no particular order); an empty array for no windows."""
+def cluster_windows(embeddings: np.ndarray, count: SpeakerCount | None = None,
+                    reliable: np.ndarray | None = None) -> np.ndarray:
+    """A cluster index for each window (0..k-1, in no particular order); an empty array for no windows.
+    ``reliable`` (a mask): the windows clustered, the others only assigned to the nearest centroid (all windows
+    when none is reliable)."""
     count = count or SpeakerCount()
     n = len(embeddings)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
-    chosen = np.unique(np.linspace(0, n - 1, min(n, MAX_CLUSTERED)).round().astype(int))
+    unit = normalized(embeddings)
+    candidates = np.flatnonzero(reliable) if reliable is not None and np.any(reliable) else np.arange(n)
+    chosen = candidates[np.unique(np.linspace(0, len(candidates) - 1, min(len(candidates), MAX_CLUSTERED))
+                                  .round().astype(int))]
     points = unit[chosen].astype(np.float64)
     if count.num_speakers is not None:
         labels = agglomerate(points, stop_at=min(count.num_speakers, len(points)))

@@ -34,7 +34,7 @@ def diarize(audio: str | os.PathLike | np.ndarray | AudioStream, count: SpeakerC
             encoder: SpeakerEncoder | None = None, vad: SileroVad | None = None) -> tuple[SpeakerTurn, ...]:
     """Who spoke when: speaker turns in time order, labelled SPEAKER_00, ... in order of first speech."""
     windows = embed_speech(stream_opener(audio), encoder or default_encoder(), vad)
-    return speaker_turns(windows, cluster_windows(windows.embeddings, count or SpeakerCount()))
+    return speaker_turns(windows, cluster_windows(windows.embeddings, count or SpeakerCount(), windows.reliable))
 
 
 class BackgroundDiarization:
@@ -54,4 +54,4 @@ class BackgroundDiarization:
 def diarize_opened(opener: Callable[[], AudioStream], count: SpeakerCount,
                    encoder: SpeakerEncoder) -> tuple[SpeakerTurn, ...]:
     windows = embed_speech(opener, encoder)
-    return speaker_turns(windows, cluster_windows(windows.embeddings, count))
+    return speaker_turns(windows, cluster_windows(windows.embeddings, count, windows.reliable))

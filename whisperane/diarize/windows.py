@@ -22,6 +22,9 @@ SPEAKER_VAD = VadOptions(min_silence_duration_ms=200, speech_pad_ms=60)
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
 HOP_SAMPLES = WINDOW_SAMPLES // 2  # windows overlap by half
 PARTIALS_PER_CALL = 64
+# Windows of speech shorter than this (a region under 1 s) embed less reliably: they are not clustered, only assigned
+# to the nearest speaker (benchmarks/results/2026-12-06-session34-diarize.md).
+RELIABLE_SAMPLES = SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,11 @@ class SpeechWindows:
 
     def __len__(self) -> int:
         return len(self.spans)
+
+    @property
+    def reliable(self) -> np.ndarray:
+        """Windows of at least RELIABLE_SAMPLES of speech: those the speakers are found from."""
+        return (self.spans[:, 1] - self.spans[:, 0]) >= RELIABLE_SAMPLES
 
 
 def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
