@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import DATA_DIR, REPO_ROOT
+from test_repetition import LOOPING_PROMPT, LOOPING_SECONDS
 
 import whisperane
 from whisperane.audio import load_audio
 from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent
 from whisperane.live.agreement import agreed_prefix, unconfirmed_part
+from whisperane.live.buffer import update_tokens
 from whisperane.live.chunks import paced
 from whisperane.result import Word
 
@@ -212,6 +214,25 @@ def test_a_multilingual_model_detects_the_streams_language(base_int8_model):
     assert done.result.language == offline.language == "de"
     # measured: the offline transcript word for word; one word of its 12 may differ
     assert _wer(offline.text, done.text) <= 1 / 12 + 1e-9
+
+
+def test_an_update_whose_decoding_loops_stays_within_its_budget(model, monkeypatch):
+    """After this prompt tiny.en decodes JFK's first 9 s into a loop (test_repetition): openai's fallback would decode
+    the window at six temperatures, 224 tokens each, five samples from the second on. An update decodes it once,
+    within its budget of tokens, and stops at the loop; finish() decodes once more and ends."""
+    steps = []
+    decoder_step = model.decoder.step
+    monkeypatch.setattr(model.decoder, "step", lambda *a, **k: steps.append(1) or decoder_step(*a, **k))
+    audio = load_audio(JFK)[: round(LOOPING_SECONDS * 16000)]
+    transcriber = LiveTranscriber(model, initial_prompt=LOOPING_PROMPT)
+    hypothesis = [e for e in transcriber.feed(audio) if e.type == "hypothesis"][-1]
+    assert 0 < len(steps) <= update_tokens(len(audio))
+    assert len(steps) < len(hypothesis.words) + 40  # stopped at the loop, not run to the budget
+    text = hypothesis.text.lower()
+    assert "ask not what your country can do for you" in text and text.count("ask what") <= 1
+    before = len(steps)
+    events = transcriber.finish()
+    assert events[-1].type == "done" and len(steps) - before <= update_tokens(len(audio))
 
 
 def test_silence_and_low_noise_stream_no_words(model):

@@ -17,6 +17,7 @@ import numpy as np
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
 from .options import DecodingOptions, token_ids
+from .repetition import cut_loop
 from .runtime.decoder_adapters import CrossAttention, logsumexp
 from .runtime.model import WhisperaneModel
 from .runtime.state import DecoderState
@@ -390,6 +391,8 @@ def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarra
                     sum_logprobs[k] += logprobs[p]
                     token_logprobs[k].append(float(logprobs[p]))
                 tokens[k].append(int(chosen[p]))
+                if options.stop_at_repetition and chosen[p] != eot and cut_loop(tokens[k], token_logprobs[k], plan.sample_begin, tokenizer):
+                    sum_logprobs[k] = sum(token_logprobs[k])
             if all(tokens[k][-1] == eot for k in active.rows) or i == sample_len - 1 or active.state.length >= state.layout.length:
                 break
             active.drop({k for k in active.rows if tokens[k][-1] == eot})

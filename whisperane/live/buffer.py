@@ -1,6 +1,6 @@
 """One decoding of a stream's audio buffer (under 30 s): the seek loop's window step, so the buffer gets the
-filters a file gets (temperature fallback, the no-speech rule, word timestamps from the alignment
-heads, word edges moved out of silence)."""
+filters a file gets (the no-speech rule, word timestamps from the alignment heads, word edges moved out of
+silence), but decoded once within a budget instead of through openai's temperature fallback."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio import HOP_LENGTH, N_FRAMES
+from ..audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 from ..longform.speech_guard import SpeechGuard
-from ..longform.step import WindowStep
+from ..longform.step import DecodeBudget, WindowStep
 from ..longform.window import Window
 from ..options import TranscribeOptions
 from ..result import Word
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
+
+# An update decodes its buffer once, never through openai's fallback (five temperatures, best-of-5 sampling: seconds
+# of silence on screen); at most this many tokens a second of buffer (past any speech rate, timestamps included)
+# and MIN_TOKENS, with a loop cut where it starts (longform.step.DecodeBudget).
+TOKENS_PER_SECOND = 12
+MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,9 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     step = WindowStep(model, options, tokenizer, None, guard)
     previous_text = tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
     window, content_frames = Window(0, size, enc, samples), len(samples) // HOP_LENGTH
+    budget = DecodeBudget(max_tokens=update_tokens(len(samples)))
     outcome = step(window, previous_text, 0, may_resume=False, last_speech=0.0, content_frames=content_frames,
-                   audio_end=window.audio_end(content_frames, len(samples)))
+                   audio_end=window.audio_end(content_frames, len(samples)), budget=budget)
     words: list[Word] = []
     ends: set[int] = set()
     for segment in outcome.segments:
@@ -54,3 +61,8 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
         if words:
             ends.add(len(words) - 1)
     return BufferDecoding(tuple(words), frozenset(ends))
+
+
+def update_tokens(n_samples: int) -> int:
+    """The most tokens one update samples for a buffer of ``n_samples``."""
+    return MIN_TOKENS + round(TOKENS_PER_SECOND * n_samples / SAMPLE_RATE)

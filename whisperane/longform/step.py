@@ -8,7 +8,7 @@ prompt and the segments so far."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, INPUT_STRIDE, SAMPLE_RATE, TIME_PRECISION
 from ..decoding import DecodingResult, decode
@@ -45,6 +45,15 @@ class WindowOutcome:
     last_speech: float | None = None
 
 
+@dataclass(frozen=True)
+class DecodeBudget:
+    """A window decoded once, within bounds, for a caller that cannot wait for openai's fallback (a live update,
+    whose buffer the next update decodes again): the first temperature only, at most ``max_tokens`` sampled, and a
+    sample whose text starts to loop ended before the loop (``repetition``). Files keep openai's fallback."""
+
+    max_tokens: int
+
+
 class WindowStep:
     """The step of one transcription's windows: the model, the options, the language and the speech guard (None:
     off) are the call's; each window brings its own prompt and position (``__call__``)."""
@@ -55,14 +64,19 @@ class WindowStep:
         self.language_probs, self.guard = language_probs, guard
 
     def __call__(self, w: Window, prompt: Sequence[int], seed: int, *, may_resume: bool, last_speech: float,
-                 content_frames: int, audio_end: float, first: DecodingResult | None = None) -> WindowOutcome:
+                 content_frames: int, audio_end: float, first: DecodingResult | None = None,
+                 budget: DecodeBudget | None = None) -> WindowOutcome:
         """Decode window ``w`` after ``prompt`` (``seed``: the window's index, for sampling; ``first``: its result at
         the first temperature, decoded with other windows). ``may_resume``: the guard may decode it again;
         ``last_speech``: the end of the last word before it; ``content_frames``: the stream's length so far (mel
-        frames); ``audio_end``: where the window's audio ends (seconds of the stream)."""
+        frames); ``audio_end``: where the window's audio ends (seconds of the stream); ``budget``: decode it once,
+        within the budget, instead of with openai's fallback."""
         options = self.options
-        result = decode_with_fallback(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs,
-                                      seed, [first] if first else [])
+        if budget is not None:
+            result = decode_within(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs, seed, budget)
+        else:
+            result = decode_with_fallback(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs,
+                                          seed, [first] if first else [])
         if is_silence(result, options):
             verdict = self.guard.apply(w, None, w.seek, may_resume, bool(prompt), options.word_timestamps) \
                 if self.guard else None
@@ -153,6 +167,15 @@ def decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokeniz
     threshold = options.compression_ratio_threshold
     not_repetitive = [r for r in tried if threshold is None or r.compression_ratio <= threshold]
     return max(not_repetitive or tried, key=lambda r: r.avg_logprob)
+
+
+def decode_within(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed,
+                  budget: DecodeBudget) -> DecodingResult:
+    """One decoding at the first temperature, bounded by ``budget`` (kept even where openai's checks fail: a
+    loop is already cut, and an unlikely text is what the next decoding of the same audio may not agree with)."""
+    decoding = options.decoding(options.temperature[0], tokenizer.language, prompt, seed)
+    decoding = replace(decoding, sample_len=budget.max_tokens, stop_at_repetition=True)
+    return decode(model, enc, decoding, tokenizer, language_probs)
 
 
 def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
