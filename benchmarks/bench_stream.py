@@ -7,7 +7,10 @@ fed to each system by the wall clock, as if live. Per system and model:
   (the system's own word time); median and p90;
 - hypothesis latency: the first wall time a word with the same text and an end within 0.5 s of a confirmed
   word's appeared in any output (hypothesis or confirmed), minus that word's end; median;
-- last word: the confirmed latency of the last word of the file (does it keep up?);
+- last word: the confirmed latency of the last word of the file (does it keep up?); confirmed max;
+- longest gap: the longest wall time without a change of the text on screen (new confirmed words, or a changed
+  hypothesis) while speech was arriving (the clips' spans in the file);
+- done after end: the stream's end (whisperane's "done", whisper_streaming's ``finish()``) after the audio's;
 - WER of the final confirmed text (Whisper's English normalizer, then jiwer), beside whisperane's offline
   ``transcribe`` WER on the same file; CPU seconds per audio second (this process, all threads).
 
@@ -55,25 +58,32 @@ STRIP = ".,!?;:\"'()-"
 
 def build_file(work: Path, max_seconds: float | None) -> tuple[Path, str, float]:
     """The English corpus clips (but the 53 s sonnet) with pauses between them: (wav path, reference, seconds)."""
+    path, reference, seconds, _ = build_file_with_spans(work, max_seconds)
+    return path, reference, seconds
+
+
+def build_file_with_spans(work: Path, max_seconds: float | None) -> tuple[Path, str, float, list[tuple[float, float]]]:
+    """``build_file``, and where each clip lies in the file (seconds): the speech."""
     import soundfile
 
     from whisperane.audio import load_audio
 
     entries = [json.loads(x) for x in (CORPUS / "manifest.jsonl").read_text().splitlines() if x.strip()]
     clips = [e for e in entries if e["language"] == "en" and e["duration_s"] < 30]
-    pieces, texts, total = [], [], 0.0
+    pieces, texts, spans, total = [], [], [], 0.0
     for e in clips:
         audio = load_audio(CORPUS / e["audio"])
         if max_seconds is not None and total + len(audio) / SAMPLE_RATE > max_seconds and pieces:
             break
         pieces += [audio, np.zeros(round(PAUSE_S * SAMPLE_RATE), np.float32)]
         texts.append(e["text"])
+        spans.append((total, total + len(audio) / SAMPLE_RATE))
         total += len(audio) / SAMPLE_RATE + PAUSE_S
     audio = np.concatenate(pieces[:-1])
     work.mkdir(parents=True, exist_ok=True)
     path = work / f"live-{len(texts)}-clips.wav"
     soundfile.write(path, audio, SAMPLE_RATE, subtype="PCM_16")
-    return path, " ".join(texts), len(audio) / SAMPLE_RATE
+    return path, " ".join(texts), len(audio) / SAMPLE_RATE, spans
 
 
 # --- records -----------------------------------------------------------------------------------------------
@@ -84,6 +94,7 @@ class Record:
     """What one system emitted: (wall time, kind, [(text, start, end)]) in order, and its CPU time."""
 
     outputs: list[tuple[float, str, list[tuple[str, float, float]]]] = field(default_factory=list)
+    done_s: float = 0.0  # wall time of the end of the stream (the last text given)
     cpu_s: float = 0.0
     audio_s: float = 0.0
     load: tuple[str, str] = ("", "")
@@ -111,6 +122,8 @@ def run_whisperane(model, path: Path, seconds: float, language: str | None, min_
     for e in whisperane.stream(path, model, realtime=True, clock=WallClock(), language=language, min_chunk=min_chunk):
         if e.type != "done":
             record.outputs.append((e.wall_time, e.type, [(w.word, w.start, w.end) for w in e.words]))
+        else:
+            record.done_s = e.wall_time
     record.cpu_s = _cpu() - cpu
     record.load = (record.load[0], _loadavg())
     return record
@@ -152,7 +165,8 @@ def run_whisper_streaming(module, ct2_dir: Path, audio: np.ndarray, threads: int
         record.outputs.append((t, "hypothesis", [(w, a, b) for a, b, w in online.transcript_buffer.complete()]))
     tail = [(w, a, b) for a, b, w in online.transcript_buffer.complete()]
     online.finish()
-    record.outputs.append((time.time() - start, "confirmed", tail))
+    record.done_s = time.time() - start
+    record.outputs.append((record.done_s, "confirmed", tail))
     record.cpu_s = _cpu() - cpu
     record.load = (record.load[0], _loadavg())
     return record
@@ -177,7 +191,27 @@ def wer(reference: str, hypothesis: str) -> float:
     return 100 * jiwer.wer(normalized(reference), normalized(hypothesis) or "<empty>")
 
 
-def metrics(record: Record, reference: str) -> dict:
+def event_times(record: Record) -> list[float]:
+    """When the text on screen changed: new confirmed words, or a hypothesis unlike the one before."""
+    times, shown = [], None
+    for t, kind, words in record.outputs:
+        if kind == "confirmed" and words:
+            times.append(t)
+        elif kind == "hypothesis" and [w[0] for w in words] != shown:
+            times.append(t)
+            shown = [w[0] for w in words]
+    return times
+
+
+def longest_gap(times: list[float], speech: list[tuple[float, float]]) -> float:
+    """The longest wall time between two changes of the text (the stream's start the first) while speech was
+    arriving at some moment between them (audio time is wall time: the file is fed at real time)."""
+    edges = [0.0, *sorted(times)]
+    gaps = [b - a for a, b in zip(edges, edges[1:], strict=False) if any(s < b and e > a for s, e in speech)]
+    return max(gaps, default=0.0)
+
+
+def metrics(record: Record, reference: str, speech: list[tuple[float, float]]) -> dict:
     confirmed = [(t, w) for t, kind, words in record.outputs if kind == "confirmed" for w in words]
     seen = [(t, w) for t, _, words in record.outputs for w in words]
     latency, first_seen = [], []
@@ -191,6 +225,9 @@ def metrics(record: Record, reference: str) -> dict:
         "words": len(confirmed),
         "confirmed_median": float(np.median(latency)) if latency else None,
         "confirmed_p90": float(np.percentile(latency, 90)) if latency else None,
+        "confirmed_max": float(max(latency)) if latency else None,
+        "longest_gap": longest_gap(event_times(record), speech),
+        "done_after_end": record.done_s - record.audio_s,
         "hypothesis_median": float(np.median(first_seen)) if first_seen else None,
         "last_word": (last[0] - last[1][2]) if last else None,
         "wer": wer(reference, text),
@@ -222,7 +259,7 @@ def main() -> None:
     from whisperane.convert.sources import resolve_source
     from whisperane.live import LiveOptions
 
-    path, reference, seconds = build_file(args.work, args.seconds)
+    path, reference, seconds, speech = build_file_with_spans(args.work, args.seconds)
     audio = load_audio(path)
     print(f"file: {path.name}, {seconds:.1f} s; load {_loadavg()}; threads {args.threads}", flush=True)
     module = load_whisper_streaming(args.whisper_streaming) if "whisper_streaming" in args.systems else None
@@ -242,24 +279,47 @@ def main() -> None:
                     ct2 = resolve_source(model_name, progress=False).path
                     record = run_whisper_streaming(module, ct2, audio, args.threads, min_chunk)
                 row = {"model": model_name, "system": f"{system} (min chunk {min_chunk:g} s)", "repeat": repeat,
-                       "offline_wer": offline, **metrics(record, reference)}
+                       "offline_wer": offline, **metrics(record, reference, speech)}
                 rows.append(row)
                 print(_line(row), flush=True)
-    print("\n| model | system | confirmed median / p90 (s) | hypothesis median (s) | last word (s) | WER % (offline) "
-          "| CPU s / audio s | load before / after |\n|---|---|---|---|---|---|---|---|")
+    print("\nEach round:\n" + HEADER)
     for row in rows:
         print(_line(row))
+    print(f"\nMedians of {args.repeats} round(s), [min-max] where several:\n" + HEADER)
+    for key in dict.fromkeys((r["model"], r["system"]) for r in rows):
+        print(_line(_median_row([r for r in rows if (r["model"], r["system"]) == key])))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
 
+HEADER = ("| model | system | confirmed median / p90 / max (s) | hypothesis median (s) | longest gap (s) | done after end (s) "
+          "| WER % (offline) | CPU s / audio s | load before / after |\n|---|---|---|---|---|---|---|---|---|")
+FIGURES = ("confirmed_median", "confirmed_p90", "confirmed_max", "hypothesis_median", "longest_gap", "done_after_end",
+           "wer", "offline_wer", "cpu_per_audio_s")
+
+
+def _median_row(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds, with its range."""
+    row = dict(rounds[0])
+    for k in FIGURES:
+        values = [r[k] for r in rounds if r[k] is not None]
+        row[k] = (float(np.median(values)), min(values), max(values)) if values else None
+    row["load"] = [rounds[0]["load"][0], rounds[-1]["load"][1]]
+    return row
+
+
 def _line(r: dict) -> str:
     def f(x):
-        return "-" if x is None else f"{x:.2f}"
+        if x is None:
+            return "-"
+        if isinstance(x, tuple):
+            return f"{x[0]:.2f} [{x[1]:.2f}-{x[2]:.2f}]" if x[2] > x[1] else f"{x[0]:.2f}"
+        return f"{x:.2f}"
 
-    return (f"| {r['model']} | {r['system']} | {f(r['confirmed_median'])} / {f(r['confirmed_p90'])} | "
-            f"{f(r['hypothesis_median'])} | {f(r['last_word'])} | {r['wer']:.2f} ({r['offline_wer']:.2f}) | "
-            f"{r['cpu_per_audio_s']:.2f} | {r['load'][0]} / {r['load'][1]} |")
+    return (f"| {r['model']} | {r['system']} | {f(r['confirmed_median'])} / {f(r['confirmed_p90'])} / "
+            f"{f(r['confirmed_max'])} | {f(r['hypothesis_median'])} | {f(r['longest_gap'])} | "
+            f"{f(r['done_after_end'])} | {f(r['wer'])} ({f(r['offline_wer'])}) | {f(r['cpu_per_audio_s'])} | "
+            f"{r['load'][0]} / {r['load'][1]} |")
 
 
 if __name__ == "__main__":
