@@ -36,6 +36,7 @@ from .openai_api import (
     render,
     request_options,
     too_large,
+    verbose_json,
 )
 from .scheduling import Schedule
 from .sse import DeltaText, TranscriptStream
@@ -149,8 +150,11 @@ class Server:
     def _stream(self, slot: Slot, upload: Upload, model: WhisperaneModel, options: RequestOptions) -> TranscriptStream:
         tokenizer = model.tokenizer()
         run = lambda job, on_audio, on_segment: self.decode(job, model, upload, options, on_audio, on_segment)  # noqa: E731
+        verbose = None
+        if options.response_format == "verbose_json":
+            verbose = lambda result: verbose_json(result, options, options.transcribe["task"])  # noqa: E731
         stream = TranscriptStream(slot, run, DeltaText(tokenizer.decode, tokenizer.eot),
-                                  lambda e: public_error(e, upload))
+                                  lambda e: public_error(e, upload), verbose)
         stream.task.add_done_callback(lambda _: upload.remove())
         return stream
 
@@ -280,4 +284,9 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
 
 def _model_card(model_id: str, server: Server) -> dict:
-    return {"id": model_id, "object": "model", "created": server.created, "owned_by": "whisperane"}
+    """OpenAI's model object, and what the page offers for it: the languages it transcribes (English-only models:
+    English, and no translation)."""
+    model = server.model(model_id)
+    languages = list(model.tokenizer().all_language_codes) if model.is_multilingual else ["en"]
+    return {"id": model_id, "object": "model", "created": server.created, "owned_by": "whisperane",
+            "multilingual": model.is_multilingual, "languages": languages}

@@ -5,7 +5,9 @@ window), then one ``{"type": "transcript.text.done", "text": ...}``. A delta is 
 tokens so far minus the text already sent, and the done text is the decoding of all the tokens, so the deltas
 concatenate exactly to it (leading spaces included) even where a character's bytes span two segments: a
 trailing incomplete character (U+FFFD) is held back until its bytes are complete. An error after the stream
-began is one ``data: {"error": ...}`` event (the official client raises it).
+began is one ``data: {"error": ...}`` event (the official client raises it). A request that also asked for
+``response_format=verbose_json`` gets that body's other fields (segments, words, language, duration) in its done
+event, so that a client (the page) has the text as it comes and the times at the end from one decode.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ class TranscriptStream:
     TranscriptionResult; ``error`` turns its exception into the ApiError its client is told."""
 
     def __init__(self, slot: Slot, run: Callable[..., TranscriptionResult], text: DeltaText,
-                 error: Callable[[BaseException], ApiError]):
-        self.slot, self.text, self.error = slot, text, error
+                 error: Callable[[BaseException], ApiError],
+                 done_fields: Callable[[TranscriptionResult], dict] | None = None):
+        self.slot, self.text, self.error, self.done_fields = slot, text, error, done_fields
         self.loop = asyncio.get_running_loop()
         self.segments: asyncio.Queue = asyncio.Queue()
         self.accepted = self.loop.create_future()
@@ -108,7 +111,8 @@ class TranscriptStream:
                 return
             if rest := self.text.rest(result.text):
                 yield event({"type": "transcript.text.delta", "delta": rest})
-            yield event({"type": "transcript.text.done", "text": self.text.sent + rest})
+            extra = self.done_fields(result) if self.done_fields else {}
+            yield event({**extra, "type": "transcript.text.done", "text": self.text.sent + rest})
         finally:
             if not self.task.done():
                 self.slot.job.cancel.set()
