@@ -48,12 +48,14 @@ def transcribe(
     check_options_for_model(options, model.is_multilingual)
     if not options.diarize:
         return _transcribe_in_mode(model, audio, options, progress, on_segment)
-    from .diarize.pipeline import BackgroundDiarization  # the speaker encoder: only when asked for
+    from .diarize.pipeline import diarize  # the speaker encoder: only when asked for
     from .diarize.words import with_speakers
 
-    speakers = BackgroundDiarization(audio, options.speaker_count)  # beside the transcription, on its own thread
+    # First, on this thread: beside the transcription on a thread of its own it costs the decoder loop far more than
+    # its own time (benchmarks/results/2026-12-06-session34-diarize.md). An unreadable audio fails here, once.
+    turns = diarize(audio, options.speaker_count)
     result = _transcribe_in_mode(model, audio, options, progress, on_segment)
-    return with_speakers(result, speakers.turns(), model.tokenizer(result.language, options.task).encode)
+    return with_speakers(result, turns, model.tokenizer(result.language, options.task).encode)
 
 
 def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,

@@ -19,16 +19,27 @@ def hann_window() -> np.ndarray:
     return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
 
 
-def mel_power(audio: np.ndarray, filters: np.ndarray) -> np.ndarray:
-    """Mel power frames [1 + len(audio) // HOP_LENGTH, n_mels] float32 of 16 kHz ``audio``: frame ``t`` is
-    centred on sample ``t * HOP_LENGTH``."""
+def power_spectrum(audio: np.ndarray) -> np.ndarray:
+    """Power spectrum frames [1 + len(audio) // HOP_LENGTH, N_FFT // 2 + 1] float32 of 16 kHz ``audio``: frame
+    ``t`` is centred on sample ``t * HOP_LENGTH``."""
     audio = np.asarray(audio, dtype=np.float32)
     padded = np.pad(audio, N_FFT // 2)
     n_frames = 1 + len(audio) // HOP_LENGTH
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH][:n_frames]
     spectrum = np.fft.rfft(frames * hann_window(), axis=1)
-    power = spectrum.real**2 + spectrum.imag**2
-    return (power.astype(np.float32) @ filters.T).astype(np.float32)
+    return (spectrum.real**2 + spectrum.imag**2).astype(np.float32)
+
+
+def mel_power(audio: np.ndarray, filters: np.ndarray) -> np.ndarray:
+    """Mel power frames [1 + len(audio) // HOP_LENGTH, n_mels] float32 of 16 kHz ``audio``."""
+    return to_mels(power_spectrum(audio), filters)
+
+
+def to_mels(power: np.ndarray, filters: np.ndarray) -> np.ndarray:
+    """Power spectra [..., N_FFT // 2 + 1] through the mel filters [n_mels, N_FFT // 2 + 1]. Many frames go in one
+    call: numpy's multi-threaded BLAS costs milliseconds a call beside ONNX Runtime, however small the product."""
+    shape = power.shape
+    return (power.reshape(-1, shape[-1]) @ filters.T).reshape(*shape[:-1], filters.shape[0]).astype(np.float32)
 
 
 def volume_gain(samples: np.ndarray) -> float:

@@ -1,13 +1,10 @@
 """Diarization of one audio, start to end: speech windows and their embeddings (``windows``), speakers by
-clustering (``clustering``), turns (``turns``); ``with_speakers`` (``words``) puts them on a transcript.
-:class:`BackgroundDiarization` runs it on a thread of its own beside a transcription: the encoder runs on one
-ONNX Runtime thread while the transcription's decoder loop leaves a core idle much of the time."""
+clustering (``clustering``), turns (``turns``); ``with_speakers`` (``words``) puts them on a transcript."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -35,23 +32,3 @@ def diarize(audio: str | os.PathLike | np.ndarray | AudioStream, count: SpeakerC
     """Who spoke when: speaker turns in time order, labelled SPEAKER_00, ... in order of first speech."""
     windows = embed_speech(stream_opener(audio), encoder or default_encoder(), vad)
     return speaker_turns(windows, cluster_windows(windows.embeddings, count or SpeakerCount(), windows.reliable))
-
-
-class BackgroundDiarization:
-    """``diarize(audio, count)`` started on its own thread; :meth:`turns` waits for it (and re-raises its error)."""
-
-    def __init__(self, audio, count: SpeakerCount):
-        opener = stream_opener(audio)  # a stream it cannot reread fails here, before any work
-        encoder = default_encoder()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diarize")
-        self._future: Future = self._pool.submit(lambda: diarize_opened(opener, count, encoder))
-        self._pool.shutdown(wait=False)
-
-    def turns(self) -> tuple[SpeakerTurn, ...]:
-        return self._future.result()
-
-
-def diarize_opened(opener: Callable[[], AudioStream], count: SpeakerCount,
-                   encoder: SpeakerEncoder) -> tuple[SpeakerTurn, ...]:
-    windows = embed_speech(opener, encoder)
-    return speaker_turns(windows, cluster_windows(windows.embeddings, count, windows.reliable))

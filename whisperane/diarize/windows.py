@@ -13,14 +13,14 @@ from ..audio import SAMPLE_RATE, AudioStream
 from ..vad.regions import SpeechRegion, VadOptions, speech_regions
 from ..vad.silero import SileroVad, default_vad
 from .encoder import SpeakerEncoder
-from .features import mel_power, volume_gain
+from .features import power_spectrum, to_mels, volume_gain
 from .speaker_model import EMBEDDING_SIZE, HOP_LENGTH, PARTIAL_FRAMES
 
 # Speech regions for speaker turns: a pause of 200 ms ends a region (turns in a conversation are separated by
 # such pauses more often than not), and regions keep 60 ms of their edges (Silero's onsets are a little late).
 SPEAKER_VAD = VadOptions(min_silence_duration_ms=200, speech_pad_ms=60)
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
-HOP_SAMPLES = WINDOW_SAMPLES // 2  # windows overlap by half
+HOP_SAMPLES = WINDOW_SAMPLES  # windows side by side: overlapping halves cost twice the encoder for the same turns (benchmarks/results/2026-12-06-session34-diarize.md)
 PARTIALS_PER_CALL = 64
 # Windows of speech shorter than this (a region under 1 s) embed less reliably: they are not clustered, only assigned
 # to the nearest speaker (benchmarks/results/2026-12-06-session34-diarize.md).
@@ -49,7 +49,7 @@ class SpeechWindows:
 
 def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
     """Windows of WINDOW_SAMPLES spread evenly over the region, the first at its start and the last at its end, at
-    most HOP_SAMPLES apart; a region shorter than a window is one window of its own length."""
+    at most HOP_SAMPLES apart; a region shorter than a window is one window of its own length."""
     length = region.n_samples
     if length <= WINDOW_SAMPLES:
         return [(region.start, region.end)]
@@ -58,13 +58,13 @@ def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
     return [(int(s), int(s) + WINDOW_SAMPLES) for s in starts]
 
 
-def partial_mels(samples: np.ndarray, filters: np.ndarray) -> np.ndarray:
-    """One partial [160, n_mels] of a window's samples at Resemblyzer's level; a window shorter than 1.6 s is its
-    audio repeated to fill the partial (the encoder's last state then sees only speech)."""
+def partial_power(samples: np.ndarray) -> np.ndarray:
+    """One partial's power spectra [160, 201] of a window's samples at Resemblyzer's level; a window shorter than
+    1.6 s is its audio repeated to fill the partial (the encoder's last state then sees only speech)."""
     if len(samples) < WINDOW_SAMPLES:
         samples = np.resize(samples, WINDOW_SAMPLES)
     gain = volume_gain(samples)
-    return mel_power(samples * np.float32(gain), filters)[:PARTIAL_FRAMES]
+    return power_spectrum(samples * np.float32(gain))[:PARTIAL_FRAMES]
 
 
 def embed_speech(open_stream, encoder: SpeakerEncoder, vad: SileroVad | None = None,
@@ -80,12 +80,12 @@ def embed_speech(open_stream, encoder: SpeakerEncoder, vad: SileroVad | None = N
         pending: list[np.ndarray] = []
         done = 0
         for (start, end), _ in spans:
-            pending.append(partial_mels(read_span(stream, start, end), encoder.mel_filters))
+            pending.append(partial_power(read_span(stream, start, end)))
             if len(pending) == PARTIALS_PER_CALL:
-                embeddings[done : done + len(pending)] = encoder.embed(np.stack(pending))
+                embeddings[done : done + len(pending)] = encoder.embed(to_mels(np.stack(pending), encoder.mel_filters))
                 done, pending = done + len(pending), []
         if pending:
-            embeddings[done:] = encoder.embed(np.stack(pending))
+            embeddings[done:] = encoder.embed(to_mels(np.stack(pending), encoder.mel_filters))
     return SpeechWindows(regions, np.array([s for s, _ in spans], dtype=np.int64).reshape(-1, 2),
                          np.array([i for _, i in spans], dtype=np.int64), embeddings, n_samples / SAMPLE_RATE)
 
