@@ -22,17 +22,22 @@ from ..util import TEMP_GLOB, atomic_write, file_sha256
 
 WORD_TYPE = pa.struct([
     ("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()), ("probability", pa.float64()),
+    ("speaker", pa.string()),  # --diarize's label, null without
 ])
 SEGMENT_TYPE = pa.struct([
     ("id", pa.int64()), ("seek", pa.int64()), ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
     ("tokens", pa.list_(pa.int64())), ("temperature", pa.float64()), ("avg_logprob", pa.float64()),
     ("compression_ratio", pa.float64()), ("no_speech_prob", pa.float64()), ("words", pa.list_(WORD_TYPE)),
+    ("speaker", pa.string()),
 ])
+SPEAKER_TYPE = pa.struct([("speaker", pa.string()), ("duration", pa.float64())])
+TURN_TYPE = pa.struct([("speaker", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
 # The columns each row gets after the input's own: the result JSON of transcribe() (null for a failed file),
 # the one-line error (null for a good one), the content hash and what produced the row.
 RESULT_SCHEMA = pa.schema([
     ("text", pa.string()), ("language", pa.string()), ("duration", pa.float64()),
     ("language_probs", pa.map_(pa.string(), pa.float64())), ("segments", pa.list_(SEGMENT_TYPE)),
+    ("speakers", pa.list_(SPEAKER_TYPE)), ("speaker_turns", pa.list_(TURN_TYPE)),  # --diarize's, null without
     ("error", pa.string()), ("sha256", pa.string()), ("model", pa.string()), ("options", pa.string()),
 ])
 RESULT_COLUMNS = tuple(RESULT_SCHEMA.names)
@@ -42,14 +47,20 @@ SHARD_PREFIX = "part-"
 
 
 def row_json(row: dict) -> dict:
-    """A row as the JSON the JSONL shards hold: maps back to objects, ``words`` left out when not computed
-    (as in transcribe()'s JSON)."""
+    """A row as the JSON the JSONL shards hold: maps back to objects, ``words`` and the speaker fields left out
+    when not computed (as in transcribe()'s JSON)."""
     probs = row.get("language_probs")
     if isinstance(probs, list):
         row["language_probs"] = dict(probs)
+    for key in ("speakers", "speaker_turns"):
+        if row.get(key) is None:
+            row.pop(key, None)
     for segment in row.get("segments") or ():
         if segment.get("words") is None:
             segment.pop("words", None)
+        for item in (segment, *(segment.get("words") or ())):
+            if item.get("speaker", 0) is None:
+                item.pop("speaker")
     return row
 
 
