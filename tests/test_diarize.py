@@ -65,3 +65,194 @@ def test_onnx_encoder_matches_torch_module(converted, clip):
     assert ours.shape == reference.shape == (len(mels), 256)
     assert np.abs(ours - reference).max() < 1e-4
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+# --- diarization of real speech -------------------------------------------------------------------------------
+# Two speakers from tests/data: a LibriSpeech reader (1089, male) and LJSpeech's reader (female), turns in turn
+# with 0.6 s pauses; the reference turns are each clip's span after an energy trim (independent of the VAD).
+TWO_SPEAKERS = [("1089", "1089-134691-0001.flac"), ("LJ", "LJ001-0002.flac"), ("1089", "1089-134686-0001.flac"),
+                ("LJ", "LJ001-0008.flac"), ("1089", "1089-134691-0000.flac")]
+PAUSE_S = 0.6
+DER_GOAL = 0.05  # the issue's goal, pooled over the benchmark's conversations (measured there: far below)
+
+
+def energy_trimmed(audio: np.ndarray) -> np.ndarray:
+    """The audio from its first to its last 20 ms frame within 35 dB of its loudest."""
+    n = len(audio) // 320
+    energy = 10 * np.log10(np.mean(audio[: n * 320].reshape(n, 320) ** 2, axis=1) + 1e-12)
+    voiced = np.flatnonzero(energy >= energy.max() - 35)
+    return audio[voiced[0] * 320 : (voiced[-1] + 1) * 320]
+
+
+@pytest.fixture(scope="module")
+def conversation(tmp_path_factory):
+    """(path, reference turns [(speaker, start, end)]) of the two-speaker conversation, written at test time."""
+    import soundfile as sf
+
+    pause = np.zeros(int(PAUSE_S * 16000), dtype=np.float32)
+    parts, turns, t = [], [], 0.0
+    for speaker, name in TWO_SPEAKERS:
+        clip = energy_trimmed(load_audio(DATA_DIR / name))
+        parts += [pause, clip]
+        t += PAUSE_S
+        turns.append((speaker, t, t + len(clip) / 16000))
+        t += len(clip) / 16000
+    path = tmp_path_factory.mktemp("diarize") / "two-speakers.wav"
+    sf.write(str(path), np.concatenate([*parts, pause]), 16000)
+    return path, turns
+
+
+@pytest.fixture(scope="module")
+def labelled(conversation, tiny_en_bundle):
+    import whisperane
+
+    return whisperane.transcribe(str(conversation[0]), str(tiny_en_bundle), diarize=True)
+
+
+def reference_speaker(turns, time: float) -> str | None:
+    return next((speaker for speaker, start, end in turns if start <= time <= end), None)
+
+
+def test_every_word_and_segment_has_one_speaker(labelled, conversation):
+    words = [w for s in labelled.segments for w in s.words]
+    assert len(words) >= 20 and all(w.speaker.startswith("SPEAKER_") for w in words)
+    for segment in labelled.segments:
+        assert {w.speaker for w in segment.words} == {segment.speaker}  # a segment never holds two speakers
+    assert list(labelled.speakers) == ["SPEAKER_00", "SPEAKER_01"]  # numbered in order of first speech
+    assert labelled.segments[0].speaker == "SPEAKER_00"
+    # each word whose middle lies in a reference turn: one label per reference speaker, every word right
+    pairs = {(reference_speaker(conversation[1], (w.start + w.end) / 2), w.speaker) for w in words}
+    pairs.discard(next((p for p in pairs if p[0] is None), None))
+    assert pairs == {("1089", "SPEAKER_00"), ("LJ", "SPEAKER_01")}
+
+
+def test_turns_score_under_the_goal_with_pyannote(labelled, conversation):
+    core = pytest.importorskip("pyannote.core", reason="pyannote.core (the test extra) is not installed")
+    metrics = pytest.importorskip("pyannote.metrics.diarization", reason="pyannote.metrics is not installed")
+    reference, hypothesis = core.Annotation(), core.Annotation()
+    for i, (speaker, start, end) in enumerate(conversation[1]):
+        reference[core.Segment(start, end), i] = speaker
+    for i, turn in enumerate(labelled.speaker_turns):
+        hypothesis[core.Segment(turn.start, turn.end), i] = turn.speaker
+    der = metrics.DiarizationErrorRate(collar=0.5, skip_overlap=False)(reference, hypothesis)
+    assert der <= DER_GOAL
+    spoken = sum(end - start for _, start, end in conversation[1])
+    assert abs(sum(labelled.speakers.values()) - spoken) < 1.0
+
+
+def test_rttm_round_trips_through_pyannote(labelled, tmp_path):
+    database = pytest.importorskip("pyannote.database.util", reason="pyannote's RTTM reader is not installed")
+    from whisperane.writers import get_writer
+
+    path = get_writer("rttm", tmp_path)(labelled, "talk.wav")
+    annotation = database.load_rttm(str(path))["talk"]
+    read = [(round(s.start, 3), round(s.end, 3), label) for s, _, label in annotation.itertracks(yield_label=True)]
+    assert read == [(t.start, t.end, t.speaker) for t in labelled.speaker_turns]
+
+
+def test_outputs_carry_the_speakers(labelled, tmp_path):
+    import json
+
+    from whisperane.writers import get_writer
+
+    srt = get_writer("srt", tmp_path)(labelled, "talk.wav").read_text()
+    cues = [line for line in srt.splitlines() if line.startswith("[")]
+    assert len(cues) == len(labelled.segments) and cues[0].startswith("[SPEAKER_00]: ")
+    assert "[SPEAKER_01]: In being comparatively modern." in srt
+    txt = get_writer("txt", tmp_path)(labelled, "talk.wav").read_text().splitlines()
+    assert [line for line in txt if line.startswith("[")] == ["[SPEAKER_00]", "[SPEAKER_01]"] * 2 + ["[SPEAKER_00]"]
+    data = json.loads(get_writer("json", tmp_path)(labelled, "talk.wav").read_text())
+    assert [s["speaker"] for s in data["speakers"]] == ["SPEAKER_00", "SPEAKER_01"]
+    assert all("speaker" in w for s in data["segments"] for w in s["words"])
+
+
+def test_one_speaker_and_a_given_count(tiny_en_bundle, conversation):
+    import whisperane
+
+    alone = whisperane.transcribe(str(DATA_DIR / "jfk.flac"), str(tiny_en_bundle), diarize=True)
+    assert list(alone.speakers) == ["SPEAKER_00"]
+    forced = whisperane.transcribe(str(conversation[0]), str(tiny_en_bundle), diarize=True, num_speakers=3)
+    assert len(forced.speakers) == 3
+    plain = whisperane.transcribe(str(DATA_DIR / "jfk.flac"), str(tiny_en_bundle))
+    assert "speakers" not in plain.to_dict() and "speaker" not in plain.to_dict()["segments"][0]["words"][0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--diarize", "--num-speakers", "0"], "num_speakers must be a positive integer, not 0"),
+    (["--diarize", "--min-speakers", "3", "--max-speakers", "2"], "min_speakers (3) is above max_speakers (2)"),
+    (["--num-speakers", "2"], "num_speakers applies to speaker labels: add diarize"),
+    (["-f", "rttm"], "--output-format rttm writes speaker turns: add --diarize"),
+])
+def test_bad_speaker_options_fail_in_one_line(argv, message, tmp_path, capsys):
+    from whisperane.command import main
+
+    assert main(["transcribe", str(DATA_DIR / "jfk.flac"), "-o", str(tmp_path), *argv]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"whisperane: error: {message}"]
+
+
+def test_a_live_stream_refuses_diarize(capsys):
+    from whisperane.command import main
+
+    assert main(["stream", str(DATA_DIR / "jfk.flac"), "--diarize"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "whisperane: error: --diarize labels a finished transcript; a live stream cannot serve it (use whisperane "
+        "transcribe)"]
+
+
+def test_python_options_are_checked():
+    from whisperane import TranscribeOptions
+    from whisperane.errors import OptionsError
+
+    for bad in ({"diarize": True, "num_speakers": 0}, {"diarize": True, "min_speakers": 4, "max_speakers": 2},
+                {"diarize": True, "num_speakers": 2, "max_speakers": 3}, {"max_speakers": 2}, {"diarize": "yes"}):
+        with pytest.raises(OptionsError):
+            TranscribeOptions(**bad)
+
+
+def test_server_answers_diarized_json(conversation, tiny_en_bundle, labelled):
+    pytest.importorskip("fastapi", reason="the server's stack (whisperane[server]) is not installed")
+    httpx = pytest.importorskip("httpx", reason="httpx is not installed")
+    from served import serving
+
+    from whisperane.server.scheduling import Schedule
+
+    schedule = Schedule(threads=1, encoder_threads=2)
+    models = {"tiny.en": schedule.load_model(tiny_en_bundle)}
+    audio = conversation[0].read_bytes()
+    with serving(models, schedule, workers=1, queue=4) as url:
+        def post(**fields):
+            return httpx.post(f"{url}/v1/audio/transcriptions", files={"file": ("talk.wav", audio)},
+                              data={"model": "whisper-1", **fields}, timeout=120)
+
+        body = post(response_format="diarized_json").json()
+        assert [(s["type"], s["speaker"], s["text"]) for s in body["segments"]] == [
+            ("transcript.text.segment", s.speaker, s.text) for s in labelled.segments]
+        assert body["usage"]["type"] == "duration" and body["text"] == labelled.text
+        verbose = post(response_format="verbose_json", diarize="true", **{"timestamp_granularities[]": "word"}).json()
+        assert [w["speaker"] for w in verbose["words"]] == [w.speaker for s in labelled.segments for w in s.words]
+        refused = post(diarize="true", stream="true")
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream"
+        bad = post(diarize="true", num_speakers="0")
+        assert bad.status_code == 400 and "num_speakers" in bad.json()["error"]["message"]
+
+
+def test_batch_rows_carry_the_labels(conversation, tiny_en_bundle, labelled, tmp_path):
+    pytest.importorskip("pyarrow", reason="whisperane batch's stack (whisperane[ray]) is not installed")
+    import pyarrow as pa
+
+    from whisperane.ray_batch.dataset import Transcriber
+    from whisperane.ray_batch.shards import RESULT_SCHEMA, read_shard, write_shard
+
+    rows = []
+    for options in ({"diarize": True}, {}):
+        row = Transcriber(str(tiny_en_bundle), "tiny.en", 2, "default", options).transcribe_file(str(conversation[0]))
+        path = tmp_path / f"part-{len(rows)}.jsonl"
+        write_shard(path, pa.Table.from_pylist([{"path": str(conversation[0]), **row}],
+                                                schema=pa.schema([("path", pa.string()), *RESULT_SCHEMA])))
+        rows += read_shard(path)
+    spoken, plain = rows
+    assert [s["speaker"] for s in spoken["segments"]] == [s.speaker for s in labelled.segments]
+    assert all(w["speaker"] == s["speaker"] for s in spoken["segments"] for w in s["words"])
+    assert [t["speaker"] for t in spoken["speaker_turns"]] == [t.speaker for t in labelled.speaker_turns]
+    assert "speakers" not in plain and all("speaker" not in w for s in plain["segments"] for w in s["words"])
