@@ -1,4 +1,4 @@
-"""Speaker labels (docs/DESIGN.md §12): the speaker encoder's conversion checked against its torch module on real
+"""Speaker labels (docs/DESIGN.md §9): the speaker encoder's conversion checked against its torch module on real
 speech, then diarization of conversations built at test time from tests/data's clips of different speakers."""
 
 from __future__ import annotations

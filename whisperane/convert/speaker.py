@@ -1,6 +1,6 @@
 """The speaker encoder on the build side: Resemblyzer's GE2E voice encoder (``resemblyzer/pretrained.pt`` from its
 wheel on PyPI, sha256 checked) as a PyTorch module equal to Resemblyzer's ``VoiceEncoder.forward``, exported to
-ONNX with the Slaney mel filters its features need (docs/DESIGN.md §12). Resemblyzer's own code (librosa, webrtcvad)
+ONNX with the Slaney mel filters its features need (docs/DESIGN.md §9). Resemblyzer's own code (librosa, webrtcvad)
 is never imported: only the checkpoint is taken from the wheel."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The speaker encoder's input, in numpy: Resemblyzer's mel power spectrogram (librosa's ``melspectrogram`` with
 its defaults: 25 ms periodic Hann windows every 10 ms, centred on zero padding, power 2, 40 Slaney mels; not a
-log-mel) and its volume normalisation to -30 dBFS, increase only (docs/DESIGN.md §12)."""
+log-mel) and its volume normalisation to -30 dBFS, increase only (docs/DESIGN.md §9)."""
 
 from __future__ import annotations
 

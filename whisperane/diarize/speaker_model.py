@@ -1,6 +1,6 @@
 """The speaker encoder's identity, shared by the build side (``convert/speaker.py``, which writes it) and the run
 side (``diarize/encoder.py``, which reads it): the wheel that ships Resemblyzer's GE2E weights, their sha256, the
-files of the converted model and its tensor names (docs/DESIGN.md §12). Imports nothing but whisperane's bottom
+files of the converted model and its tensor names (docs/DESIGN.md §9). Imports nothing but whisperane's bottom
 helpers, so both sides import it without a circle."""
 
 from __future__ import annotations
