@@ -127,10 +127,13 @@ def test_the_page_loads_with_its_icon_and_nothing_fails(browser, url):
 def test_a_file_streams_its_text_then_shows_segments_that_seek(page, url, long_file):
     page.set_input_files("#file", str(long_file))
     # Text on the page while the request still runs: the first window's deltas, before the end.
-    page.wait_for_function("document.getElementById('transcript').dataset.state === 'streaming' && "
-                           "document.getElementById('transcript').textContent.trim().length > 0", timeout=120_000)
-    partial = words_of(page.inner_text("#transcript"))
-    assert re.search(r"\d+\.\d s", page.inner_text("#elapsed")) and page.is_visible("#cancel")
+    seen = page.wait_for_function("""() => {
+        const t = document.getElementById('transcript');
+        return t.dataset.state === 'streaming' && t.textContent.trim() &&
+            [t.textContent, document.getElementById('elapsed').textContent, document.getElementById('cancel').hidden];
+    }""", timeout=120_000).json_value()
+    partial = words_of(seen[0])
+    assert re.fullmatch(r"\d+\.\d s", seen[1]) and not seen[2]  # the time so far, and Cancel
     wait_done(page)
     final = shown_words(page)
     assert 0 < len(partial) < len(final) and final[: len(partial)] == partial
@@ -166,7 +169,7 @@ def test_the_model_switch_reruns_the_same_file(page, url):
     assert shown_text(page) == tiny
     with page.expect_request(lambda r: r.method == "POST"):
         page.select_option("#model", "base")
-    assert "with base" in page.inner_text("#file-status")
+    assert "base" in page.inner_text("#file-status")  # "Transcribing jfk.flac with base ..."
     assert "English-only" not in page.inner_text("#model-note") and not page.is_disabled("#language")
     assert page.eval_on_selector_all("#language option", "os => os.length") > 50
     wait_done(page)
@@ -188,7 +191,8 @@ def test_cancel_and_two_uploads_in_flight_show_the_last_ones_text(page, url, lon
     page.set_input_files("#file", str(long_file))
     page.wait_for_function("document.getElementById('transcript').dataset.state === 'waiting'")
     page.click("#cancel")
-    assert state(page) == "cancelled" and page.inner_text("#file-status").startswith("Cancelled after")
+    page.wait_for_function("document.getElementById('transcript').dataset.state === 'cancelled'")
+    assert page.inner_text("#file-status").startswith("Cancelled after")
     assert not page.is_visible("#cancel") and not page.is_visible("#exports")
     settled(url)  # the server stopped its decode
     assert len(aborted) == 1
@@ -252,10 +256,11 @@ def test_errors_are_shown_where_the_user_acted_and_cleared(page, tmp_path):
     assert not page.is_visible("#cancel")
     page.route("**/v1/audio/transcriptions", lambda route: route.abort())  # the network fails
     page.set_input_files("#file", str(JFK))
-    page.wait_for_function("document.getElementById('transcript').dataset.state === 'error'")
-    assert "could not be reached" in page.inner_text("#file-status")
+    page.wait_for_function("document.getElementById('file-status').textContent.includes('could not be reached')")
+    assert state(page) == "error"
     page.unroute("**/v1/audio/transcriptions")
-    page.set_input_files("#file", str(JFK))
+    with page.expect_request(lambda r: r.method == "POST"):
+        page.set_input_files("#file", str(JFK))
     wait_done(page)
     assert page.get_attribute("#file-status", "class") == ""
 
