@@ -3,6 +3,8 @@ speech, then diarization of conversations built at test time from tests/data's c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import DATA_DIR
@@ -256,3 +258,27 @@ def test_batch_rows_carry_the_labels(conversation, tiny_en_bundle, labelled, tmp
     assert all(w["speaker"] == s["speaker"] for s in spoken["segments"] for w in s["words"])
     assert [t["speaker"] for t in spoken["speaker_turns"]] == [t.speaker for t in labelled.speaker_turns]
     assert "speakers" not in plain and all("speaker" not in w for s in plain["segments"] for w in s["words"])
+
+
+def test_a_corpus_conversation_of_three(tmp_path):
+    """Three of the corpus's readers in turn, built as benchmarks/bench_diarize.py builds its files (turns of
+    0.8-20 s, pauses of 0.2-1.5 s): the count found and the DER."""
+    from conftest import CORPUS_DIR
+
+    if not (CORPUS_DIR / "manifest.jsonl").is_file():
+        pytest.skip("../shared/corpus is absent (a user's clone): its readers make the conversation")
+    metrics = pytest.importorskip("pyannote.metrics.diarization", reason="pyannote.metrics is not installed")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_diarize
+
+    from whisperane.diarize.pipeline import diarize
+
+    pools = bench_diarize.speaker_pools(CORPUS_DIR)
+    built = bench_diarize.build_conversation(pools, 3, 12, seed=2026, folder=tmp_path, name="three")
+    turns = diarize(str(built.path))
+    assert len({t.speaker for t in turns}) == 3
+    der = metrics.DiarizationErrorRate(collar=0.5, skip_overlap=False)(
+        bench_diarize.annotation(built.turns, "three"), bench_diarize.annotation(turns, "three"))
+    assert der <= DER_GOAL

@@ -87,8 +87,10 @@ def snapped_turns(turns: Sequence[SpeakerTurn], words: Sequence[Word]) -> tuple[
 def with_speakers(result: TranscriptionResult, turns: Sequence[SpeakerTurn],
                   encode: Callable[[str], list[int]]) -> TranscriptionResult:
     """``result`` with a speaker on every word and segment and its speaker turns (re-cut at word boundaries)."""
-    if not turns:
-        return replace(result, speaker_turns=())
+    if not turns:  # no speech found: words the decoder heard anyway are one speaker's, over their own span
+        if not result.segments:
+            return replace(result, speaker_turns=())
+        turns = (SpeakerTurn("SPEAKER_00", result.segments[0].start, result.segments[-1].end),)
     segments = labelled_segments(result.segments, turns, encode)
     words = [w for s in segments for w in s.words or ()]
     return replace(result, segments=tuple(segments), speaker_turns=snapped_turns(turns, words))
