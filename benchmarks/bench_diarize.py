@@ -261,15 +261,15 @@ def long_conversation(corpus: Path, folder: Path, minutes: float, seed: int) -> 
 
 
 def timed_cli(audio: Path, out: Path, extra: Sequence[str], threads: int) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one whole ``whisperane transcribe`` process."""
+    """(wall seconds, CPU seconds: user + system) of one whole ``whisperane transcribe`` process."""
     command = [sys.executable, "-m", "whisperane", "transcribe", str(audio), "-o", str(out), "--overwrite",
                "--threads", str(threads), *extra]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1024  # ru_maxrss of the largest child so far: run the larger file last
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def peak_rss(audio: Path, out: Path, extra: Sequence[str], threads: int) -> float:
@@ -286,16 +286,18 @@ def run_cost(args) -> None:
     print(f"\n10-minute file: {ten.duration:.0f} s, load average {os.getloadavg()[0]:.2f} at the start")
     pairs = []
     for i in range(args.pairs):  # interleaved: default, diarize, default, diarize, ...
-        plain = timed_cli(ten.path, out, ["--model", args.model], args.threads)[0]
-        spoken = timed_cli(ten.path, out, ["--model", args.model, "--diarize"], args.threads)[0]
+        plain = timed_cli(ten.path, out, ["--model", args.model], args.threads)
+        spoken = timed_cli(ten.path, out, ["--model", args.model, "--diarize"], args.threads)
         pairs.append((plain, spoken))
-        print(f"pair {i + 1}: default {plain:.2f} s, --diarize {spoken:.2f} s ({100 * (spoken / plain - 1):+.1f} %), "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
-    ratios = [s / p for p, s in pairs]
-    print(f"\n| | default | --diarize | added |\n|---|---|---|---|\n| median of {len(pairs)} pairs | "
-          f"{statistics.median(p for p, _ in pairs):.2f} s | {statistics.median(s for _, s in pairs):.2f} s | "
-          f"{100 * (statistics.median(ratios) - 1):+.1f} % (pairs {100 * (min(ratios) - 1):+.1f} to "
-          f"{100 * (max(ratios) - 1):+.1f} %) |")
+        print(f"pair {i + 1}: default {plain[0]:.2f} s ({plain[1]:.2f} CPU s), --diarize {spoken[0]:.2f} s "
+              f"({spoken[1]:.2f} CPU s): {100 * (spoken[0] / plain[0] - 1):+.1f} % wall, "
+              f"{100 * (spoken[1] / plain[1] - 1):+.1f} % CPU; load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"\n| median of {len(pairs)} pairs | default | --diarize | added (min to max of the pairs) |\n|---|---|---|---|")
+    for k, what in ((0, "wall"), (1, "CPU (user + system)")):
+        ratios = [s[k] / p[k] for p, s in pairs]
+        print(f"| {what} | {statistics.median(p[k] for p, _ in pairs):.2f} s | "
+              f"{statistics.median(s[k] for _, s in pairs):.2f} s | {100 * (statistics.median(ratios) - 1):+.1f} % "
+              f"({100 * (min(ratios) - 1):+.1f} to {100 * (max(ratios) - 1):+.1f} %) |")
     if args.memory:
         sixty = long_conversation(args.corpus, args.cache, 60, seed=8)
         rows = [(m, peak_rss(f.path, out, ["--model", args.model, *extra], args.threads))

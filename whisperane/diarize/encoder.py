@@ -47,16 +47,27 @@ def speaker_model_dir() -> Path:
     return build_speaker_encoder()
 
 
+MAX_THREADS = 4  # the LSTM over a batch of partials gains little from more
+
+
+def default_threads() -> int:
+    """``$WHISPERANE_THREADS`` or the cores, as a model's default, at most MAX_THREADS: diarization runs before the
+    transcription, with the cores to itself."""
+    return max(1, min(MAX_THREADS, int(os.environ.get("WHISPERANE_THREADS", "0")) or os.cpu_count() or 1))
+
+
 class SpeakerEncoder:
     """Partials of 160 mel frames -> 256-d L2-normalised speaker embeddings. ``threads``: ONNX Runtime's intra-op
-    threads (the LSTM is sequential: one thread is the default, so it can run beside a transcription)."""
+    threads (``default_threads()`` when None); they sleep between calls, so they never spin into the
+    transcription's components."""
 
-    def __init__(self, model_dir: str | os.PathLike | None = None, threads: int = 1):
+    def __init__(self, model_dir: str | os.PathLike | None = None, threads: int | None = None):
         folder = Path(model_dir) if model_dir is not None else speaker_model_dir()
         options = ort.SessionOptions()
-        options.intra_op_num_threads = int(threads)
+        options.intra_op_num_threads = int(threads or default_threads())
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(str(folder / ENCODER_FILE), options,
                                                 providers=["CPUExecutionProvider"])
