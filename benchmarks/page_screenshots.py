@@ -2,8 +2,9 @@
 
 Starts ``python -m whisperane serve`` on a free loopback port with tiny.en and base and ``--api-key``, then drives
 the page at 1000x700 with a fake microphone playing JFK: the missing key, a file's text streaming, its segments,
-a file that is not audio, the microphone's confirmed text and its end, base on German. Writes one PNG per state to
-``--out`` and prints what the page showed when (first text, done, Stop to ``done``) as JSON.
+a file that is not audio, two readers with speaker labels, the microphone's confirmed text and its end, base on
+German. Writes one PNG per state to ``--out`` and prints what the page showed when (first text, done, Stop to
+``done``) as JSON.
 
     python benchmarks/page_screenshots.py --out benchmarks/results/2026-12-06-session34-page
 """
@@ -32,6 +33,7 @@ DATA = REPO / "tests" / "data"
 KEY = "screenshot-key"
 LONG = ["1089-134686-0001.flac", "LJ001-0002.flac", "1089-134691-0001.flac", "LJ001-0008.flac",
         "1089-134691-0000.flac"] * 2 + ["jfk.flac"]
+TALK = ["1089-134691-0001.flac", "LJ001-0002.flac", "1089-134686-0001.flac", "LJ001-0008.flac"]  # two readers
 VIEWPORT = {"width": 1000, "height": 700}
 STATE = "document.getElementById('transcript').dataset.state"
 
@@ -93,6 +95,12 @@ def shots(browser, url: str, out: Path, files: dict) -> dict:
     page.set_input_files("#file", str(files["not_audio"]))
     page.wait_for_function(f"{STATE} === 'error'", timeout=60_000)
     page.screenshot(path=str(out / "error-not-audio.png"))
+    page.check("#speakers")
+    page.set_input_files("#file", str(files["talk"]))
+    page.wait_for_function(f"{STATE} === 'done'", timeout=120_000)
+    page.screenshot(path=str(out / "file-speakers.png"))
+    page.uncheck("#speakers")  # re-runs the conversation without labels
+    page.wait_for_function(f"{STATE} === 'done'", timeout=120_000)
     figures.update(live(page, out))  # with tiny.en, before base: a model change re-runs the page's last file
     page.select_option("#model", "base")
     page.set_input_files("#file", str(files["german"]))
@@ -134,7 +142,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         files = {"jfk": DATA / "jfk.flac", "german": DATA / "test_de.wav", "long": joined(LONG, tmp / "long.wav"),
-                 "mic": joined(["jfk.flac"], tmp / "mic.wav"), "not_audio": tmp / "notes.wav"}
+                 "mic": joined(["jfk.flac"], tmp / "mic.wav"), "not_audio": tmp / "notes.wav",
+                 "talk": joined(TALK, tmp / "talk.wav")}
         files["not_audio"].write_text("not audio\n")
         proc, url = serve(args.models)
         try:

@@ -288,6 +288,32 @@ def test_a_missing_key_points_at_the_key_field_until_a_valid_one_works(browser, 
     context.close()
 
 
+def test_speakers_labelled_by_the_server_are_shown_in_colour(page, url, tmp_path):
+    talk = tmp_path / "talk.wav"  # two readers in turn (test_diarize.py's kind of conversation)
+    joined_clips([DATA / n for n in ("1089-134691-0001.flac", "LJ001-0002.flac", "1089-134686-0001.flac",
+                                     "LJ001-0008.flac")], talk, gap_s=0.6)
+    answer = httpx.post(url + "/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                        files={"file": talk.open("rb")}, data={"model": "tiny.en", "response_format": "verbose_json",
+                                                               "diarize": "true", "timestamp_granularities[]": ["word", "segment"]})
+    if answer.status_code != 200:  # the speaker encoder is converted on first use, where torch is installed
+        pytest.skip(f"no speaker labels on this machine: {answer.json()['error']['message']}")
+    page.check("#speakers")
+    with page.expect_request(lambda r: r.method == "POST"):
+        page.set_input_files("#file", str(talk))
+    wait_done(page)
+    labels = page.eval_on_selector_all("#transcript .speaker", "ls => ls.map(l => [l.textContent, l.style.color])")
+    assert [name for name, _ in labels] == [s["speaker"] for s in answer.json()["segments"]]
+    assert len({name for name, _ in labels}) == len({colour for _, colour in labels}) == 2
+    colours = page.eval_on_selector_all("#transcript .word", "ws => ws.map(w => w.style.color)")
+    assert colours == [dict(labels)[w["speaker"]] for w in answer.json()["words"]]
+    with page.expect_download() as download:
+        page.click("#exports [data-format=srt]")
+    server_srt = httpx.post(url + "/v1/audio/transcriptions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                            files={"file": talk.open("rb")}, data={"model": "tiny.en", "response_format": "srt",
+                                                                   "diarize": "true"}).text
+    assert Path(download.value.path()).read_text(encoding="utf-8") == server_srt
+
+
 def test_speakers_are_shown_in_colour_and_named_in_the_downloads(page):
     result = {"text": " Hello there. Hi.", "segments": [
         {"start": 0.0, "end": 1.0, "text": " Hello there.", "speaker": "SPEAKER_00"},

@@ -1,7 +1,8 @@
 // whisperane's page: a file transcribed with its text streamed as it comes (the server's SSE deltas), then its
 // segments and words with times (the done event's verbose_json fields), downloads and copy; the microphone live
 // over the WebSocket. One request at a time: a new one (another file, the same file under another model,
-// language or task) aborts the one running, and only the newest may write to the page. Plain JavaScript.
+// language, task or speaker choice) aborts the one running, and only the newest may write to the page.
+// Plain JavaScript, no build step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -117,7 +118,8 @@ function start(file) {
   const previous = current;
   if (previous) { previous.controller.abort(); clearInterval(previous.timer); }
   const run = { file, model: $("model").value || "whisper-1", translate: $("translate").checked,
-                language: $("language").value, controller: new AbortController(), started: performance.now() };
+                speakers: $("speakers").checked, language: $("language").value, controller: new AbortController(),
+                started: performance.now() };
   run.timer = setInterval(() => { $("elapsed").textContent = elapsed(run); }, TICK_MS);
   current = run;
   lastFile = file;
@@ -128,7 +130,8 @@ function start(file) {
   $("transcript").textContent = "";
   $("elapsed").textContent = "";
   $("cancel").hidden = false;
-  const what = (run.translate ? "Translating " : "Transcribing ") + file.name + " with " + run.model;
+  const what = (run.translate ? "Translating " : "Transcribing ") + file.name + " with " + run.model +
+    (run.speakers ? ", labelling speakers (the text comes at the end)" : "");
   setState("waiting", what + (previous && previous.busy ? " (the previous request was cancelled)" : "") + " ...");
   run.busy = true;
   if (!playerUrl || playerUrl.file !== file) {
@@ -149,7 +152,7 @@ function finish(run) {
 async function transcribe(file) {
   const run = start(file);
   try {
-    const result = run.translate ? await translated(run) : await streamed(run);
+    const result = run.translate ? await translated(run) : run.speakers ? await labelled(run) : await streamed(run);
     if (current !== run) return;
     finish(run);
     shown = result;
@@ -168,11 +171,14 @@ async function transcribe(file) {
   }
 }
 
+const WORD_TIMES = [["timestamp_granularities[]", "word"], ["timestamp_granularities[]", "segment"]];
+
 function form(run, fields) {
   const body = new FormData();
   body.append("file", run.file);
   body.append("model", run.model);
   body.append("response_format", "verbose_json");
+  if (run.speakers) body.append("diarize", "true");
   for (const [name, value] of fields) body.append(name, value);
   return body;
 }
@@ -186,7 +192,7 @@ async function post(path, body, run) {
 
 // Transcription: the text as the server's delta events bring it; the done event carries verbose_json's fields.
 async function streamed(run) {
-  const fields = [["stream", "true"], ["timestamp_granularities[]", "word"], ["timestamp_granularities[]", "segment"]];
+  const fields = [["stream", "true"], ...WORD_TIMES];
   if (run.language) fields.push(["language", run.language]);
   const response = await post("/v1/audio/transcriptions", form(run, fields), run);
   let done = null;
@@ -202,6 +208,12 @@ async function streamed(run) {
   });
   if (!done) throw new PageError("the server ended the stream before the transcript was done");
   return done;
+}
+
+// Speaker labels need the whole transcript (the server refuses them on a stream): one verbose_json answer.
+async function labelled(run) {
+  const fields = run.language ? [...WORD_TIMES, ["language", run.language]] : WORD_TIMES;
+  return (await post("/v1/audio/transcriptions", form(run, fields), run)).json();
 }
 
 // Translation has no stream in OpenAI's API: one verbose_json answer (segments, no words).
@@ -270,8 +282,9 @@ drop.addEventListener("drop", (e) => {
   if (e.dataTransfer.files.length) transcribe(e.dataTransfer.files[0]);
 });
 $("model").addEventListener("change", () => modelChanged(true));
-$("language").addEventListener("change", () => { if (lastFile) transcribe(lastFile); });
-$("translate").addEventListener("change", () => { if (lastFile) transcribe(lastFile); });
+for (const id of ["language", "translate", "speakers"]) {
+  $(id).addEventListener("change", () => { if (lastFile) transcribe(lastFile); });
+}
 
 let keyTimer = null;
 function keyChanged() {
