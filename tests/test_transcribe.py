@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA_CLIPS, corpus_entries
+from conftest import CORPUS_DIR, DATA_CLIPS, corpus_entries
 
 from whisperane.audio import SAMPLE_RATE, load_audio
 from whisperane.transcribe import transcribe
@@ -131,13 +131,25 @@ def _english_wer(texts: dict[str, str]) -> float:
     return jiwer.wer([norm(REFERENCES[c]) for c in clips], [norm(texts[c]) or "<empty>" for c in clips])
 
 
-def test_int8_accuracy_on_english_clips(tiny_default, tiny_int8):
+def _int8_by_clip(corpus_transcripts) -> dict:
+    """The default int8 transcripts of LONG_CLIPS from conftest's corpus transcription (the same model and
+    options as ``transcribe(audio, tiny_int8)``; the corpus holds these files byte for byte, and without the
+    corpus the session transcribes tests/data's own)."""
+    by_name = {Path(t.entry["audio"]).name: t for t in corpus_transcripts}
+    assert set(LONG_CLIPS) <= set(by_name), sorted(by_name)
+    for clip in LONG_CLIPS:
+        assert (CORPUS_DIR / by_name[clip].entry["audio"]).read_bytes() == (DATA_DIR / clip).read_bytes(), clip
+    return {clip: by_name[clip].result for clip in LONG_CLIPS}
+
+
+def test_int8_accuracy_on_english_clips(tiny_default, tiny_int8, corpus_transcripts):
     """int8 decoder weights against the reference transcripts: WER within 0.5 points of float32's, and word
     starts within 20 ms (one frame) of float32's at the median on the words both share (measured: 0 ms)."""
     fp32, int8, d_start = {}, {}, []
+    int8_results = _int8_by_clip(corpus_transcripts)
     for clip in LONG_CLIPS:
         audio = load_audio(DATA_DIR / clip)
-        a, b = tiny_default[clip], transcribe(audio, tiny_int8)
+        a, b = tiny_default[clip], int8_results[clip]
         fp32[clip], int8[clip] = a.text, b.text
         _check_words_well_formed(b, len(audio) / SAMPLE_RATE)
         if [w[0] for w in _words(a)] == [w[0] for w in _words(b)]:
@@ -148,8 +160,16 @@ def test_int8_accuracy_on_english_clips(tiny_default, tiny_int8):
     assert len(d_start) >= 30 and np.median(d_start) <= 0.02
 
 
+@pytest.fixture(scope="module")
+def base_without_words(base) -> dict:
+    """test_es.wav and test_de.wav through float32 base without word timestamps, the language detected: the
+    float32 side of the int8 comparison and the exact prefill of the prefill-table comparison."""
+    return {clip: transcribe(load_audio(DATA_DIR / clip), base, word_timestamps=False)
+            for clip in ("test_es.wav", "test_de.wav")}
+
+
 @pytest.mark.parametrize("clip,language", [("test_es.wav", "es"), ("test_de.wav", "de")])
-def test_base_int8_detects_language(base_int8, base, clip, language):
+def test_base_int8_detects_language(base_int8, base_without_words, clip, language):
     """int8 base: the language faster-whisper detects, with nearly float32's probability; transcript within
     25 % WER of float32's (measured: es 1 of 12 words differs, de none)."""
     import jiwer
@@ -157,7 +177,7 @@ def test_base_int8_detects_language(base_int8, base, clip, language):
 
     norm = BasicTextNormalizer()
     audio = load_audio(DATA_DIR / clip)
-    a, b = transcribe(audio, base, word_timestamps=False), transcribe(audio, base_int8, word_timestamps=False)
+    a, b = base_without_words[clip], transcribe(audio, base_int8, word_timestamps=False)
     assert b.language == a.language == language
     assert abs(b.language_probs[language] - a.language_probs[language]) < 0.05
     wer = jiwer.wer(norm(a.text), norm(b.text))
@@ -263,18 +283,21 @@ def test_words_inside_padded_audio(tiny, pad):
 
 
 @pytest.mark.parametrize("clip,language", [("test_es.wav", "es"), ("test_de.wav", "de")])
-def test_prefill_table_transcripts(base, clip, language):
+def test_prefill_table_transcripts(base, base_without_words, clip, language):
     """WhisperKit's prefill table instead of the exact prefix: how much the greedy transcript changes.
 
     Measured: de unchanged; es "Las arenas son blancasinas ... estésias." becomes "las arenas son
     blancesinas ... estésias" (2 of 12 words after normalization). Exact prefill stays the default.
+    The exact side detected its language: once detected, a window decodes under the prefix that
+    ``language=`` gives (sot, language, task), so it is the transcript of the language given.
     """
     import jiwer
     from whisper_normalizer.basic import BasicTextNormalizer
 
     norm = BasicTextNormalizer()
     audio = load_audio(DATA_DIR / clip)
-    exact = transcribe(audio, base, language=language, word_timestamps=False)
+    exact = base_without_words[clip]
+    assert exact.language == language
     table = transcribe(audio, base, language=language, word_timestamps=False, prefill="table")
     wer = jiwer.wer(norm(exact.text), norm(table.text))
     print(f"prefill table vs exact, {clip}: WER {wer:.3f}: {exact.text!r} -> {table.text!r}")
