@@ -10,7 +10,6 @@ import onnx
 import pytest
 from conftest import CLIPS, DATA_CLIPS
 
-import whisperane
 from whisperane.audio import load_audio
 
 # Logits of the same token through the same graph at another batch size: ONNX Runtime's kernels may block the
@@ -19,8 +18,10 @@ ATOL = 2e-3
 
 
 @pytest.fixture(scope="module", params=["int8", "float32"])
-def model(request, tiny_en_bundle):
-    return whisperane.load_model(tiny_en_bundle, compute_type=request.param)
+def model(request):
+    """tiny.en with each compute type's decoder adapter: conftest's session models (two threads), which other
+    modules load too; the tests here patch them only through monkeypatch, which puts everything back."""
+    return request.getfixturevalue({"int8": "tiny_int8_model", "float32": "tiny_float32_model"}[request.param])
 
 
 @pytest.fixture(scope="module")
