@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 from test_vad import _gapped_audio, _speech_clips, _voiced_spans
 
-import whisperane
 from whisperane.audio import SAMPLE_RATE
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model(tiny_en_bundle):
-    return whisperane.load_model(tiny_en_bundle, threads=2)
+def model(tiny_int8_model):
+    """tiny.en int8 at two threads: conftest's session model, shared with the other modules that load it."""
+    return tiny_int8_model
 
 
 def english_speech_clips() -> list:
