@@ -24,7 +24,7 @@ from test_repetition import LOOPING_PROMPT, LOOPING_SECONDS
 
 import whisperane
 from whisperane.audio import load_audio
-from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent
+from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent, buffer
 from whisperane.live.agreement import agreed_prefix, unconfirmed_part
 from whisperane.live.buffer import update_tokens
 from whisperane.live.chunks import paced
@@ -233,6 +233,20 @@ def test_an_update_whose_decoding_loops_stays_within_its_budget(model, monkeypat
     before = len(steps)
     events = transcriber.finish()
     assert events[-1].type == "done" and len(steps) - before <= update_tokens(len(audio))
+
+
+def test_an_update_cut_off_by_its_token_limit_keeps_its_words_and_their_times(model, monkeypatch):
+    """A decoding that ends at its token limit has no alignment row for an <|endoftext|>: its words are aligned by
+    openai's pass instead (an index error before)."""
+    reference = LiveTranscriber(model, alignment="teacher-forced")  # openai's pass over the whole decoding's text
+    whole = [e for e in reference.feed(load_audio(JFK)) if e.type == "hypothesis"][-1].words
+    monkeypatch.setattr(buffer, "MIN_TOKENS", 8)
+    monkeypatch.setattr(buffer, "TOKENS_PER_SECOND", 0)
+    events = LiveTranscriber(model).feed(load_audio(JFK))
+    words = [e for e in events if e.type == "hypothesis"][-1].words
+    assert 3 <= len(words) <= 8 and [w.word for w in words] == [w.word for w in whole[: len(words)]]
+    # the whole decoding's words, and their times within 0.1 s (the pass saw fewer tokens after them)
+    assert max(max(abs(a.start - b.start), abs(a.end - b.end)) for a, b in zip(words, whole, strict=False)) < 0.1
 
 
 def test_silence_and_low_noise_stream_no_words(model):

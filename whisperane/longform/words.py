@@ -46,8 +46,10 @@ def add_words(model, enc, result, segments, tokenizer: Tokenizer, options, time_
         for s in segments:
             s["words"] = []
         return
-    if options.alignment == "decode" and result.alignment is not None:
-        # Rows gathered while decoding predict every sampled token (timestamps included): keep those of text.
+    # Rows gathered while decoding predict every sampled token (timestamps included) and the final <|endoftext|>;
+    # a decoding cut off by its token limit has no row for an <|endoftext|>: it is aligned by openai's pass.
+    gathered = result.alignment is not None and result.alignment.shape[1] > len(result.tokens)
+    if options.alignment == "decode" and gathered:
         rows = [i for i, t in enumerate(result.tokens) if t < tokenizer.eot] + [len(result.tokens)]
         weights = result.alignment[:, rows]
         probs = np.exp([result.token_logprobs[i] for i in rows[:-1]])
