@@ -298,6 +298,11 @@ def run_cost(args) -> None:
         print(f"| {what} | {statistics.median(p[k] for p, _ in pairs):.2f} s | "
               f"{statistics.median(s[k] for _, s in pairs):.2f} s | {100 * (statistics.median(ratios) - 1):+.1f} % "
               f"({100 * (min(ratios) - 1):+.1f} to {100 * (max(ratios) - 1):+.1f} %) |")
+
+
+def run_memory(args) -> None:
+    out = args.cache / "out"
+    ten = long_conversation(args.corpus, args.cache, 10, seed=7)
     if args.memory:
         sixty = long_conversation(args.corpus, args.cache, 60, seed=8)
         rows = [(m, peak_rss(f.path, out, ["--model", args.model, *extra], args.threads))
@@ -316,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--only", choices=("quality", "cost"), default=None)
+    parser.add_argument("--only", choices=("quality", "cost", "memory"), default=None)
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the 60-minute peak")
     args = parser.parse_args(argv)
     print(f"# bench_diarize {datetime.date.today()} on {platform.processor() or platform.machine()}, "
@@ -325,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_quality(args)
     if args.only in (None, "cost"):
         run_cost(args)
+    if args.only in (None, "memory"):
+        run_memory(args)
     return 0
 
 

@@ -155,6 +155,7 @@ def test_rttm_round_trips_through_pyannote(labelled, tmp_path):
 def test_outputs_carry_the_speakers(labelled, tmp_path):
     import json
 
+    from whisperane.result import TranscriptionResult
     from whisperane.writers import get_writer
 
     srt = get_writer("srt", tmp_path)(labelled, "talk.wav").read_text()
@@ -166,6 +167,7 @@ def test_outputs_carry_the_speakers(labelled, tmp_path):
     data = json.loads(get_writer("json", tmp_path)(labelled, "talk.wav").read_text())
     assert [s["speaker"] for s in data["speakers"]] == ["SPEAKER_00", "SPEAKER_01"]
     assert all("speaker" in w for s in data["segments"] for w in s["words"])
+    assert TranscriptionResult.from_dict(data) == labelled  # the JSON reads back whole (batch rows, saved files)
 
 
 def test_one_speaker_and_a_given_count(tiny_en_bundle, conversation):

@@ -30,8 +30,9 @@ _SEGMENT_KEYS = (
     "id", "seek", "start", "end", "text", "tokens", "temperature",
     "avg_logprob", "compression_ratio", "no_speech_prob", "words",
 )
-_WORD_KEYS = ("word", "start", "end", "probability")
-_KEY_ORDER = {"": _RESULT_KEYS, "segments": _SEGMENT_KEYS, "words": _WORD_KEYS}
+_WORD_KEYS = ("word", "start", "end", "probability", "speaker")
+_KEY_ORDER = {"": _RESULT_KEYS, "segments": _SEGMENT_KEYS, "words": _WORD_KEYS,
+              "speakers": ("speaker", "duration"), "speaker_turns": ("speaker", "start", "end")}
 
 SUBTITLE_OPTIONS = ("max_line_width", "max_line_count", "highlight_words", "max_words_per_line")
 

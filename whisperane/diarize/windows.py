@@ -12,7 +12,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE, AudioStream
 from ..vad.regions import SpeechRegion, VadOptions, speech_regions
 from ..vad.silero import SileroVad, default_vad
-from .encoder import SpeakerEncoder
+from .encoder import BATCH, SpeakerEncoder
 from .features import power_spectrum, to_mels, volume_gain
 from .speaker_model import EMBEDDING_SIZE, HOP_LENGTH, PARTIAL_FRAMES
 
@@ -21,7 +21,6 @@ from .speaker_model import EMBEDDING_SIZE, HOP_LENGTH, PARTIAL_FRAMES
 SPEAKER_VAD = VadOptions(min_silence_duration_ms=200, speech_pad_ms=60)
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
 HOP_SAMPLES = WINDOW_SAMPLES  # windows side by side: overlapping halves cost twice the encoder for the same turns (benchmarks/results/2026-12-06-session34-diarize.md)
-PARTIALS_PER_CALL = 64
 # Windows of speech shorter than this (a region under 1 s) embed less reliably: they are not clustered, only assigned
 # to the nearest speaker (benchmarks/results/2026-12-06-session34-diarize.md).
 RELIABLE_SAMPLES = SAMPLE_RATE
@@ -81,7 +80,7 @@ def embed_speech(open_stream, encoder: SpeakerEncoder, vad: SileroVad | None = N
         done = 0
         for (start, end), _ in spans:
             pending.append(partial_power(read_span(stream, start, end)))
-            if len(pending) == PARTIALS_PER_CALL:
+            if len(pending) == BATCH:
                 embeddings[done : done + len(pending)] = encoder.embed(to_mels(np.stack(pending), encoder.mel_filters))
                 done, pending = done + len(pending), []
         if pending:
