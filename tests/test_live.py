@@ -218,8 +218,9 @@ def test_a_multilingual_model_detects_the_streams_language(base_int8_model):
 
 def test_an_update_whose_decoding_loops_stays_within_its_budget(model, monkeypatch):
     """After this prompt tiny.en decodes JFK's first 9 s into a loop (test_repetition): openai's fallback would decode
-    the window at six temperatures, 224 tokens each, five samples from the second on. An update decodes it once,
-    within its budget of tokens, and stops at the loop; finish() decodes once more and ends."""
+    the window at six temperatures, 224 tokens each, five samples from the second on. An update stops the decoding
+    at the loop, within its budget of tokens, and keeps the text before it (no second temperature: the cut text
+    passes openai's checks); finish() decodes once more and ends."""
     steps = []
     decoder_step = model.decoder.step
     monkeypatch.setattr(model.decoder, "step", lambda *a, **k: steps.append(1) or decoder_step(*a, **k))

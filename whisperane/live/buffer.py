@@ -1,6 +1,6 @@
 """One decoding of a stream's audio buffer (under 30 s): the seek loop's window step, so the buffer gets the
 filters a file gets (the no-speech rule, word timestamps from the alignment heads, word edges moved out of
-silence), but decoded once within a budget instead of through openai's temperature fallback."""
+silence), but decoded within a budget instead of through openai's whole temperature fallback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from ..audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 from ..longform.speech_guard import SpeechGuard
-from ..longform.step import DecodeBudget, WindowStep
+from ..longform.step import UNDECODED, DecodeBudget, WindowStep
 from ..longform.window import Window
 from ..options import TranscribeOptions
 from ..result import Word
@@ -18,19 +18,21 @@ from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 
-# An update decodes its buffer once, never through openai's fallback (five temperatures, best-of-5 sampling: seconds
-# of silence on screen); at most this many tokens a second of buffer (past any speech rate, timestamps included)
-# and MIN_TOKENS, with a loop cut where it starts (longform.step.DecodeBudget).
+# An update never runs openai's whole fallback (six temperatures, best-of-5 sampling from the second: seconds with
+# nothing on screen): it tries the first two, each with at most this many tokens a second of buffer (past any speech
+# rate, timestamps included) and MIN_TOKENS, a loop cut where it starts (longform.step.DecodeBudget).
 TOKENS_PER_SECOND = 12
 MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class BufferDecoding:
-    """The words of one decoding (times from the buffer's start) and which of them end a segment."""
+    """The words of one decoding (times from the buffer's start) and which of them end a segment; ``decoded``:
+    False where the decoding failed openai's checks within its budget (no words: the audio is decoded again)."""
 
     words: tuple[Word, ...]
     segment_ends: frozenset[int]  # indices into ``words`` of each segment's last word
+    decoded: bool = True
 
 
 def encode_buffer(model: WhisperaneModel, samples: np.ndarray) -> CrossAttention:
@@ -54,6 +56,8 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     budget = DecodeBudget(max_tokens=update_tokens(len(samples)))
     outcome = step(window, previous_text, 0, may_resume=False, last_speech=0.0, content_frames=content_frames,
                    audio_end=window.audio_end(content_frames, len(samples)), budget=budget)
+    if outcome.reason == UNDECODED:
+        return BufferDecoding((), frozenset(), decoded=False)
     words: list[Word] = []
     ends: set[int] = set()
     for segment in outcome.segments:

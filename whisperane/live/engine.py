@@ -152,14 +152,16 @@ class LiveTranscriber:
             tokenizer, settled = self._language(enc)
             voiced = self._voice.voiced_frames(self._buffer_start)
             decoding = decode_buffer(self.model, self._buffer, enc, self.options, tokenizer, self._prompt(), voiced)
-            offset = self._buffer_start / SAMPLE_RATE
-            words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability) for w in decoding.words]
-            ends = {words[i].end for i in decoding.segment_ends}
-            current = unconfirmed_part(words, self._confirmed)
-            self._hypothesis = current
-            if not settled:  # nothing is confirmed in a language that may still change
-                return [self._event("hypothesis", current)] if current != previous else []
-            events += self._confirm(agreed_prefix(previous, current), ends)
+            if decoding.decoded:  # else the hypothesis stays: the next update decodes the audio again, with more
+                offset = self._buffer_start / SAMPLE_RATE
+                words = [Word(w.word, round(w.start + offset, 2), round(w.end + offset, 2), w.probability)
+                         for w in decoding.words]
+                ends = {words[i].end for i in decoding.segment_ends}
+                current = unconfirmed_part(words, self._confirmed)
+                self._hypothesis = current
+                if not settled:  # nothing is confirmed in a language that may still change
+                    return [self._event("hypothesis", current)] if current != previous else []
+                events += self._confirm(agreed_prefix(previous, current), ends)
         events += self._close_at_pause()
         events += self._trim()
         if self._hypothesis != previous or events:

@@ -26,6 +26,7 @@ DECODED = "decoded"  # its segments kept, the seek moved on (openai's rule)
 NO_SPEECH = "no speech"  # openai's no-speech rule: nothing kept, the seek past the window
 HALLUCINATION = "hallucination"  # hallucination_silence_threshold: silence before a hallucination skipped
 GUARD = "speech guard"  # decoded again from an earlier point (``resume``), the segments before it kept
+UNDECODED = "over budget"  # a budgeted decoding failed openai's checks at every temperature it may try: nothing kept
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,14 @@ class WindowOutcome:
 
 @dataclass(frozen=True)
 class DecodeBudget:
-    """A window decoded once, within bounds, for a caller that cannot wait for openai's fallback (a live update,
-    whose buffer the next update decodes again): the first temperature only, at most ``max_tokens`` sampled, and a
-    sample whose text starts to loop ended before the loop (``repetition``). Files keep openai's fallback."""
+    """Bounds on a window's decoding for a caller that cannot wait for openai's whole fallback (a live update,
+    whose buffer the next update decodes again): the first ``1 + fallbacks`` temperatures only, at most
+    ``max_tokens`` sampled at each (a decoding that reaches them is no speech: it fails like a loop), and a sample
+    whose text starts to loop ended before the loop (``repetition``). Where every decoding fails openai's checks,
+    nothing is kept (``UNDECODED``). Files keep openai's fallback."""
 
     max_tokens: int
+    fallbacks: int = 1
 
 
 class WindowStep:
@@ -74,6 +78,8 @@ class WindowStep:
         options = self.options
         if budget is not None:
             result = decode_within(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs, seed, budget)
+            if result is None:
+                return WindowOutcome((), w.seek, UNDECODED)
         else:
             result = decode_with_fallback(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs,
                                           seed, [first] if first else [])
@@ -170,12 +176,15 @@ def decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokeniz
 
 
 def decode_within(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed,
-                  budget: DecodeBudget) -> DecodingResult:
-    """One decoding at the first temperature, bounded by ``budget`` (kept even where openai's checks fail: a
-    loop is already cut, and an unlikely text is what the next decoding of the same audio may not agree with)."""
-    decoding = options.decoding(options.temperature[0], tokenizer.language, prompt, seed)
-    decoding = replace(decoding, sample_len=budget.max_tokens, stop_at_repetition=True)
-    return decode(model, enc, decoding, tokenizer, language_probs)
+                  budget: DecodeBudget) -> DecodingResult | None:
+    """openai's fallback within ``budget``: the first result that passes its checks, else None."""
+    for t in options.temperature[: 1 + budget.fallbacks]:
+        decoding = options.decoding(t, tokenizer.language, prompt, seed)
+        decoding = replace(decoding, sample_len=budget.max_tokens, stop_at_repetition=True)
+        result = decode(model, enc, decoding, tokenizer, language_probs)
+        if len(result.tokens) < budget.max_tokens and not _needs_fallback(result, options):
+            return result
+    return None
 
 
 def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
