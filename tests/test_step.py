@@ -9,10 +9,12 @@ import pytest
 from conftest import DATA_DIR
 
 from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio
+from whisperane.decoding import decode
 from whisperane.longform.speech_guard import GUARD_LEAD_IN_FRAMES, SpeechGuard
-from whisperane.longform.step import DECODED, GUARD, NO_SPEECH, WindowStep
+from whisperane.longform.step import DECODED, GUARD, NO_SPEECH, WindowStep, split_segments
 from whisperane.longform.window import Window, read_window
-from whisperane.options import TranscribeOptions
+from whisperane.longform.words import add_words
+from whisperane.options import DecodingOptions, TranscribeOptions
 
 JFK_TEXT = "ask not what your country can do for you"
 
@@ -95,3 +97,20 @@ def test_without_the_guard_the_same_window_is_openais(tiny_int8_model, jfk):
     noise = np.random.default_rng(1).normal(0, 0.002, 8 * SAMPLE_RATE).astype(np.float32)
     _, outcome = _step(tiny_int8_model, np.concatenate([jfk, noise]), None)
     assert outcome.reason == DECODED and not outcome.resumed and outcome.window_end is None
+
+
+def test_a_decoding_cut_off_by_its_token_limit_gets_its_words_from_openais_pass(tiny_int8_model, jfk):
+    """Word times from the attention gathered while decoding (alignment="decode") need the row that predicted
+    <|endoftext|>; a decoding that stopped at its token limit has none: openai's pass aligns it instead, the same
+    words at the same times as that pass gives the text (an index error before)."""
+    model, tok = tiny_int8_model, tiny_int8_model.tokenizer("en")
+    size = min(N_FRAMES, len(jfk) // HOP_LENGTH)
+    enc = model.encode(model.log_mel(jfk))
+    result = decode(model, enc, DecodingOptions(language="en", sample_len=12), tok)
+    assert len(result.tokens) == 12 and result.alignment.shape[1] == 12  # no <|endoftext|> row
+    words = {}
+    for alignment in ("decode", "teacher-forced"):
+        segments, _, _ = split_segments(result, tok, 0, size)
+        add_words(model, enc, result, segments, tok, TranscribeOptions(alignment=alignment), 0.0, size, 0.0)
+        words[alignment] = [(w["word"], w["start"], w["end"]) for s in segments for w in s["words"]]
+    assert len(words["decode"]) >= 5 and words["decode"] == words["teacher-forced"]
