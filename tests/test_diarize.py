@@ -202,7 +202,7 @@ def test_a_live_stream_refuses_diarize(capsys):
 
     assert main(["stream", str(DATA_DIR / "jfk.flac"), "--diarize"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
-        "whisperane: error: --diarize labels a finished transcript; a live stream cannot serve it (use whisperane "
+        "whisperane: error: diarize labels a finished transcript; a live stream cannot serve it (use whisperane "
         "transcribe)"]
 
 

@@ -272,6 +272,8 @@ def test_unknown_stream_option_is_refused(model):
         whisperane.LiveTranscriber(model, min_chunk=0)
     with pytest.raises(whisperane.OptionsError, match="English only"):
         whisperane.LiveTranscriber(model, language="de")
+    with pytest.raises(whisperane.OptionsError, match="live stream cannot serve it"):
+        whisperane.LiveTranscriber(model, diarize=True)
 
 
 # --- the command line ------------------------------------------------------------------------------------

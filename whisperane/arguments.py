@@ -60,9 +60,6 @@ def options_from_args(args: argparse.Namespace) -> TranscribeOptions:
     temps = [start]
     while step and temps[-1] + step <= 1.0 + 1e-6:
         temps.append(round(temps[-1] + step, 4))
-    if values.get("diarize") and getattr(args, "command", None) == "stream":
-        raise OptionsError("--diarize labels a finished transcript; a live stream cannot serve it "
-                           "(use whisperane transcribe)")
     return TranscribeOptions(**values, temperature=tuple(temps))
 
 

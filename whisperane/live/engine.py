@@ -70,6 +70,8 @@ def split_options(options: dict) -> tuple[LiveOptions, TranscribeOptions]:
     decoding = TranscribeOptions(**{"alignment": STREAM_ALIGNMENT, **{k: v for k, v in options.items() if k not in live_names}})
     if decoding.batch_size is not None or decoding.vad_filter or decoding.clip_timestamps != (0.0,):
         raise OptionsError("a stream decodes its own buffer: batch_size, vad_filter and clip_timestamps do not apply")
+    if decoding.diarize:
+        raise OptionsError("diarize labels a finished transcript; a live stream cannot serve it (use whisperane transcribe)")
     if not decoding.word_timestamps:
         raise OptionsError("a stream confirms words by their times: word_timestamps must stay on")
     return live, decoding
