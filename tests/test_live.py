@@ -216,14 +216,21 @@ def test_a_multilingual_model_detects_the_streams_language(base_int8_model):
     assert _wer(offline.text, done.text) <= 1 / 12 + 1e-9
 
 
+def _count_decoder_steps(model, patch) -> list:
+    """A list that grows by one at each one-token decoder call of ``model`` (``patch``: pytest's monkeypatch or one
+    of its contexts, which restores the decoder)."""
+    steps = []
+    decoder_step = model.decoder.step
+    patch.setattr(model.decoder, "step", lambda *a, **k: steps.append(1) or decoder_step(*a, **k))
+    return steps
+
+
 def test_an_update_whose_decoding_loops_stays_within_its_budget(model, monkeypatch):
     """After this prompt tiny.en decodes JFK's first 9 s into a loop (test_repetition): openai's fallback would decode
     the window at six temperatures, 224 tokens each, five samples from the second on. An update stops the decoding
     at the loop, within its budget of tokens, and keeps the text before it (no second temperature: the cut text
     passes openai's checks); finish() decodes once more and ends."""
-    steps = []
-    decoder_step = model.decoder.step
-    monkeypatch.setattr(model.decoder, "step", lambda *a, **k: steps.append(1) or decoder_step(*a, **k))
+    steps = _count_decoder_steps(model, monkeypatch)
     audio = load_audio(JFK)[: round(LOOPING_SECONDS * 16000)]
     transcriber = LiveTranscriber(model, initial_prompt=LOOPING_PROMPT)
     hypothesis = [e for e in transcriber.feed(audio) if e.type == "hypothesis"][-1]
@@ -243,10 +250,8 @@ def test_an_update_whose_decodings_fail_keeps_its_hypothesis(model, monkeypatch)
     transcriber = LiveTranscriber(model)
     before = [e for e in transcriber.feed(audio[:96000]) if e.type == "hypothesis"][-1].words  # JFK's first 6 s
     assert len(before) >= 5
-    steps = []
-    decoder_step = model.decoder.step
     with monkeypatch.context() as m:
-        m.setattr(model.decoder, "step", lambda *a, **k: steps.append(1) or decoder_step(*a, **k))
+        steps = _count_decoder_steps(model, m)
         m.setattr(buffer, "MIN_TOKENS", 4)
         m.setattr(buffer, "TOKENS_PER_SECOND", 0)
         assert transcriber.feed(audio[96000:112000]) == []  # no event: the same hypothesis, nothing confirmed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import DATA_DIR
 
-from whisperane.audio import SAMPLE_RATE, load_audio
+from whisperane.audio import SAMPLE_RATE, TIME_PRECISION, load_audio
 from whisperane.decoding import decode
 from whisperane.options import DecodingOptions
 from whisperane.repetition import MIN_REPEATED_TOKENS, loop_start
@@ -16,7 +16,7 @@ LOOPING_SECONDS = 9.0
 
 
 def _ts(tokenizer, seconds: float) -> int:
-    return tokenizer.timestamp_begin + round(seconds / 0.02)
+    return tokenizer.timestamp_begin + round(seconds / TIME_PRECISION)
 
 
 def test_a_repeated_word_is_cut_after_its_first_copy(model):

@@ -73,8 +73,8 @@ class WindowStep:
         """Decode window ``w`` after ``prompt`` (``seed``: the window's index, for sampling; ``first``: its result at
         the first temperature, decoded with other windows). ``may_resume``: the guard may decode it again;
         ``last_speech``: the end of the last word before it; ``content_frames``: the stream's length so far (mel
-        frames); ``audio_end``: where the window's audio ends (seconds of the stream); ``budget``: decode it once,
-        within the budget, instead of with openai's fallback."""
+        frames); ``audio_end``: where the window's audio ends (seconds of the stream); ``budget``: decode it within
+        those bounds (``DecodeBudget``) instead of with openai's whole fallback."""
         options = self.options
         if budget is not None:
             result = decode_within(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs, seed, budget)
