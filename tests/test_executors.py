@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import json
 import mmap
+import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from whisperane.runtime.executors import (
     OnnxComponent,
     file_mappings,
     file_pages_only,
+    heap_keeps_large_blocks,
 )
 
 pytestmark = pytest.mark.slow
@@ -222,3 +225,30 @@ def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
         assert spins(components["decoder"]) == "1"
         assert (spins(components["encoder"]), spins(components["mel"]), spins(components["prefill"])) == ("0", "0", "0")
     assert spins(float32["sequence"]) == "0"  # prompts and alignment passes, one call each
+
+
+def _faults_of_reusing(size: int) -> int:
+    """Minor page faults of a C block of ``size`` bytes allocated, written and freed, the second time round (the
+    first may fault a heap's new pages in; whether the second does is whether the freed block was kept)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        libc.free(block)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt; elsewhere heap_keeps_large_blocks "
+                    "is a no-op")
+def test_the_heap_keeps_large_blocks_only_inside_the_block():
+    """A 64 MiB block, above any threshold glibc sets itself, is mapped on its own and faulted in page by page at
+    each use; inside heap_keeps_large_blocks (the converter's build) the heap keeps it once freed; after, glibc
+    maps it on its own again."""
+    size = 64 << 20
+    pages = size // mmap.PAGESIZE
+    assert _faults_of_reusing(size) >= pages // 2
+    with heap_keeps_large_blocks():
+        assert _faults_of_reusing(size) < pages // 10
+    assert _faults_of_reusing(size) >= pages // 2

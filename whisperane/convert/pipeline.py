@@ -21,6 +21,7 @@ from filelock import FileLock
 from ..contract import CONFIG_NAME, CONTRACT_VERSION, CONVERTER_REVISION
 from ..errors import ConversionError, ModelError
 from ..runtime.bundle import bundle_name, default_models_dir, verify_bundle
+from ..runtime.executors import heap_keeps_large_blocks
 from ..util import file_sha256
 from ..version import __version__
 from . import export_onnx, modules, quantize
@@ -91,7 +92,8 @@ def convert(
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
         tmp.chmod(0o755)
         try:
-            _build(ckpt, resolved, tmp, formats, s, palettize, tokenizer_dir, options, say)
+            with heap_keeps_large_blocks():  # the build allocates and frees the same large arrays many times
+                _build(ckpt, resolved, tmp, formats, s, palettize, tokenizer_dir, options, say)
             if out.exists():
                 trash = out.with_name(f".{out.name}.old-{os.getpid()}")
                 os.replace(out, trash)

@@ -5,6 +5,7 @@ Both run the same components with the same tensor names, so everything above thi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
@@ -311,8 +312,20 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-# glibc's mallopt parameter: the size from which an allocation gets its own mapping
-M_MMAP_THRESHOLD = -3
+# glibc's mallopt parameters: the free space at the heap's top above which it is handed back, the extra space
+# asked of the kernel each time the heap grows, and the size from which an allocation gets its own mapping
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+# What a parameter is taken to be until this process sets it: glibc's dynamic thresholds grow with the blocks
+# freed up to these ceilings (64-bit), and a torch or numpy process soon reaches them; its default top pad.
+_GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 64 << 20, M_TOP_PAD: 128 << 10, M_MMAP_THRESHOLD: 32 << 20}
+_MALLOC_OPTIONS: dict[int, int] = {}  # what this process set through set_malloc_option
+
+
+def set_malloc_option(option: int, value: int) -> None:
+    """glibc's ``mallopt(option, value)``, remembered for :func:`heap_keeps_large_blocks`; a no-op elsewhere."""
+    if set_option := _glibc("mallopt"):
+        set_option(option, value)
+        _MALLOC_OPTIONS[option] = value
 
 
 def map_large_allocations(threshold: int = 128 * 1024) -> None:
@@ -321,8 +334,28 @@ def map_large_allocations(threshold: int = 128 * 1024) -> None:
     freed, so that a process allocating and freeing the same large arrays keeps them in its heaps; a server's
     requests, on several threads, leave those heaps holding the largest of each (the peak resident set under
     8 clients, benchmarks/results/2026-12-06-session31-server.md). Set once, before serving."""
-    if set_option := _glibc("mallopt"):
-        set_option(M_MMAP_THRESHOLD, threshold)
+    set_malloc_option(M_MMAP_THRESHOLD, threshold)
+
+
+@contextlib.contextmanager
+def heap_keeps_large_blocks(largest_block: int = 1 << 30, trim: int = 4 << 30, top_pad: int = 256 << 20):
+    """Inside: blocks up to ``largest_block`` bytes come from the heap, which keeps up to ``trim`` bytes freed at its top
+    and grows by ``top_pad`` bytes more than asked; after: the parameters as they were before, and the heap's free
+    pages handed back (:func:`release_freed_memory`). glibc only; a no-op elsewhere.
+
+    For work that allocates and frees the same large arrays over and over, as a conversion does: by default glibc
+    maps each block above its threshold (at most 32 MiB) on its own and unmaps it when freed, and trims the heap's
+    free top, so the next array is faulted in page by page again; that took a third of a conversion's CPU
+    (benchmarks/results/2026-12-06-session35-ci-time.md)."""
+    before = {option: _MALLOC_OPTIONS.get(option, default) for option, default in _GLIBC_DEFAULTS.items()}
+    try:
+        for option, value in {M_MMAP_THRESHOLD: largest_block, M_TRIM_THRESHOLD: trim, M_TOP_PAD: top_pad}.items():
+            set_malloc_option(option, value)
+        yield
+    finally:
+        for option, value in before.items():
+            set_malloc_option(option, value)
+        release_freed_memory()
 
 
 def _glibc(name: str):
