@@ -212,7 +212,7 @@ def run_quality(args) -> list[dict]:
 
     from whisperane import load_model
     from whisperane.diarize.clustering import SpeakerCount
-    from whisperane.diarize.pipeline import diarize
+    from whisperane.diarize.pipeline import diarize, stream_opener
     from whisperane.diarize.words import with_speakers
 
     model = load_model(args.model)
@@ -221,7 +221,7 @@ def run_quality(args) -> list[dict]:
     for conversation in quality_files(args.corpus, args.cache):
         base = transcript(conversation, model, args.model, args.cache)
         t0 = time.perf_counter()
-        turns = diarize(str(conversation.path), SpeakerCount())
+        turns = diarize(stream_opener(str(conversation.path)), base, SpeakerCount())
         seconds = time.perf_counter() - t0
         # what transcribe(..., diarize=True) returns for this transcript (the same two calls)
         result = with_speakers(base, turns, model.tokenizer(base.language).encode)

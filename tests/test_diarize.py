@@ -264,7 +264,7 @@ def test_batch_rows_carry_the_labels(conversation, tiny_en_bundle, labelled, tmp
     assert "speakers" not in plain and all("speaker" not in w for s in plain["segments"] for w in s["words"])
 
 
-def test_a_corpus_conversation_of_three(tmp_path):
+def test_a_corpus_conversation_of_three(tmp_path, tiny_en_bundle):
     """Three of the corpus's readers in turn, built as benchmarks/bench_diarize.py builds its files (turns of
     0.8-20 s, pauses of 0.2-1.5 s): the count found and the DER."""
     from conftest import CORPUS_DIR
@@ -277,12 +277,41 @@ def test_a_corpus_conversation_of_three(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_diarize
 
-    from whisperane.diarize.pipeline import diarize
+    import whisperane
 
     pools = bench_diarize.speaker_pools(CORPUS_DIR)
     built = bench_diarize.build_conversation(pools, 3, 12, seed=2026, folder=tmp_path, name="three")
-    turns = diarize(str(built.path))
+    turns = whisperane.transcribe(str(built.path), str(tiny_en_bundle), diarize=True).speaker_turns
     assert len({t.speaker for t in turns}) == 3
     der = metrics.DiarizationErrorRate(collar=0.5, skip_overlap=False)(
         bench_diarize.annotation(built.turns, "three"), bench_diarize.annotation(turns, "three"))
     assert der <= DER_GOAL
+
+
+def test_read_ahead_keeps_order_raises_and_stops():
+    """The diarization's reading runs a batch ahead on a thread: items in order, the producer's exception raised in
+    the consumer, and a consumer that stops early leaves no producer running."""
+    import threading
+
+    from whisperane.util import read_ahead
+
+    assert list(read_ahead(iter(range(50)))) == list(range(50))
+
+    def failing():
+        yield 1
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(read_ahead(failing()))
+    produced = []
+
+    def endless():
+        while True:
+            produced.append(len(produced))
+            yield produced[-1]
+
+    for item in read_ahead(endless()):
+        if item == 3:
+            break
+    assert len(produced) <= 3 + 1 + 2 + 1  # the items taken, the depth ahead, and one that found the consumer gone
+    assert not any(t.name == "read-ahead" for t in threading.enumerate())

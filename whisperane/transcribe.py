@@ -48,13 +48,15 @@ def transcribe(
     check_options_for_model(options, model.is_multilingual)
     if not options.diarize:
         return _transcribe_in_mode(model, audio, options, progress, on_segment)
-    from .diarize.pipeline import diarize  # the speaker encoder: only when asked for
+    from .diarize.pipeline import diarize, stream_opener  # the speaker encoder: only when asked for
     from .diarize.words import with_speakers
 
-    # First, on this thread: beside the transcription on a thread of its own it costs the decoder loop far more than
-    # its own time (benchmarks/results/2026-12-06-session34-diarize.md). An unreadable audio fails here, once.
-    turns = diarize(audio, options.speaker_count)
+    open_again = stream_opener(audio)  # before the transcription: a stream read only once is refused at once
     result = _transcribe_in_mode(model, audio, options, progress, on_segment)
+    # after it, on this thread: the transcript's words are the speech to embed (no VAD pass of its own), and beside
+    # the transcription on a thread of its own it costs the decoder loop more than its own time
+    # (benchmarks/results/2026-12-06-session34-diarize.md)
+    turns = diarize(open_again, result, options.speaker_count)
     return with_speakers(result, turns, model.tokenizer(result.language, options.task).encode)
 
 

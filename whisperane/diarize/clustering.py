@@ -2,7 +2,8 @@
 distance threshold (the speaker count estimated) or at a given count, clusters too small to be a speaker merged
 into their nearest, and every window then assigned to its nearest centroid. At most MAX_CLUSTERED windows are
 clustered (evenly spaced over the audio), so memory stays flat in the audio's length; the rest follow the
-centroids. The threshold and the small-cluster rule: benchmarks/results/2026-12-06-session34-diarize.md."""
+centroids. The small-cluster rule: benchmarks/results/2026-12-06-session34-diarize.md; the threshold, the middle of
+the range where every count is right over the transcript's speech: benchmarks/results/2026-12-06-session35-diarize-cost.md."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from ..errors import OptionsError
 
-DISTANCE_THRESHOLD = 0.4  # cosine distance between clusters' average linkage at which merging stops
+DISTANCE_THRESHOLD = 0.44  # cosine distance between clusters' average linkage at which merging stops
 SMALL_CLUSTER = 0.05  # a cluster of fewer windows than this share (and at least 2) is not a speaker of its own
 MAX_CLUSTERED = 800  # windows clustered directly: an 800 x 800 distance matrix, 5 MB
 

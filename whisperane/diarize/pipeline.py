@@ -1,5 +1,6 @@
-"""Diarization of one audio, start to end: speech windows and their embeddings (``windows``), speakers by
-clustering (``clustering``), turns (``turns``); ``with_speakers`` (``words``) puts them on a transcript."""
+"""Diarization of one transcribed audio: windows over the transcript's speech and their embeddings (``windows``),
+speakers by clustering (``clustering``), turns (``turns``); ``with_speakers`` (``words``) puts them on the
+transcript."""
 
 from __future__ import annotations
 
@@ -10,25 +11,28 @@ import numpy as np
 
 from ..audio import AudioStream, open_audio
 from ..errors import OptionsError
-from ..result import SpeakerTurn
-from ..vad.silero import SileroVad
+from ..result import SpeakerTurn, TranscriptionResult
 from .clustering import SpeakerCount, cluster_windows
 from .encoder import SpeakerEncoder, default_encoder
 from .turns import speaker_turns
-from .windows import embed_speech
+from .windows import embed_speech, transcript_speech
 
 
 def stream_opener(audio: str | os.PathLike | np.ndarray | AudioStream) -> Callable[[], AudioStream]:
-    """A function opening the audio afresh each call (diarization reads it twice: the VAD, then its speech)."""
+    """A function opening the audio afresh (diarization reads it after the transcription has)."""
     if isinstance(audio, AudioStream):
         if not audio.in_memory:
-            raise OptionsError("diarize reads the audio twice (VAD, then speech): pass a path or an array")
+            raise OptionsError("diarize reads the audio twice (the transcription, then its speech): pass a path or "
+                               "an array")
         return lambda: AudioStream.from_array(audio.read_all(), name=audio.name)
     return lambda: open_audio(audio)
 
 
-def diarize(audio: str | os.PathLike | np.ndarray | AudioStream, count: SpeakerCount | None = None,
-            encoder: SpeakerEncoder | None = None, vad: SileroVad | None = None) -> tuple[SpeakerTurn, ...]:
-    """Who spoke when: speaker turns in time order, labelled SPEAKER_00, ... in order of first speech."""
-    windows = embed_speech(stream_opener(audio), encoder or default_encoder(), vad)
+def diarize(open_stream: Callable[[], AudioStream], transcript: TranscriptionResult,
+            count: SpeakerCount | None = None, encoder: SpeakerEncoder | None = None) -> tuple[SpeakerTurn, ...]:
+    """Who spoke when in the transcribed audio ``open_stream()`` opens: speaker turns in time order, labelled
+    SPEAKER_00, ... in order of first speech."""
+    with open_stream() as stream:
+        windows = embed_speech(stream, transcript_speech(transcript), encoder or default_encoder(),
+                               transcript.duration)
     return speaker_turns(windows, cluster_windows(windows.embeddings, count or SpeakerCount(), windows.reliable))

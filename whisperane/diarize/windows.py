@@ -1,29 +1,37 @@
-"""Speaker embeddings over the speech Silero VAD finds: short windows inside each speech region (never across a
-pause), each a partial utterance of 160 mel frames (1.6 s) brought to Resemblyzer's level, embedded by the
-speaker encoder. The audio is read region by region in bounded memory: only the windows' spans and embeddings
-(1 KiB a window) are kept."""
+"""Speaker embeddings over a transcript's speech. Its words, joined where less than REGION_GAP apart, make the
+speech regions (no VAD pass of their own); windows of 1.6 s lie side by side inside each region (never across a
+pause), each a partial utterance brought to Resemblyzer's level and embedded by the speaker encoder. The audio is
+read once, region by region, in bounded memory, a batch of partials ahead of the encoder on a thread of its own
+(the encoder's threads and the reading then share the cores); only the windows' spans and embeddings (1 KiB a
+window) are kept."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..audio import SAMPLE_RATE, AudioStream
-from ..vad.regions import SpeechRegion, VadOptions, speech_regions
-from ..vad.silero import SileroVad, default_vad
+from ..result import TranscriptionResult
+from ..util import read_ahead
+from ..vad.regions import SpeechRegion
 from .encoder import BATCH, SpeakerEncoder
 from .features import power_spectrum, to_mels, volume_gain
 from .speaker_model import EMBEDDING_SIZE, HOP_LENGTH, PARTIAL_FRAMES
 
-# Speech regions for speaker turns: a pause of 200 ms ends a region (turns in a conversation are separated by
-# such pauses more often than not), and regions keep 60 ms of their edges (Silero's onsets are a little late).
-SPEAKER_VAD = VadOptions(min_silence_duration_ms=200, speech_pad_ms=60)
+# A pause between two words this long ends a speech region: turns in a conversation are separated by such pauses
+# more often than not, and a window never spans one.
+REGION_GAP = 0.2
+# Word times from the alignment heads start a little late and end a little early: each region is widened by this much
+# on either side (benchmarks/results/2026-12-06-session35-diarize-cost.md).
+EDGE_PAD = 0.15
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
-HOP_SAMPLES = WINDOW_SAMPLES  # windows side by side: overlapping halves cost twice the encoder for the same turns (benchmarks/results/2026-12-06-session34-diarize.md)
-# Windows of speech shorter than this (a region under 1 s) embed less reliably: they are not clustered, only assigned
-# to the nearest speaker (benchmarks/results/2026-12-06-session34-diarize.md).
-RELIABLE_SAMPLES = SAMPLE_RATE
+HOP_SAMPLES = WINDOW_SAMPLES  # side by side: overlapping halves cost twice the encoder for the same turns
+# Windows shorter than a whole partial (a region under 1.6 s) embed less reliably, the more so as word spans hold
+# whatever sound lies between words: they are not clustered, only assigned to the nearest speaker
+# (benchmarks/results/2026-12-06-session35-diarize-cost.md).
+RELIABLE_SAMPLES = WINDOW_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,27 @@ class SpeechWindows:
         return (self.spans[:, 1] - self.spans[:, 0]) >= RELIABLE_SAMPLES
 
 
+def transcript_speech(result: TranscriptionResult) -> tuple[SpeechRegion, ...]:
+    """The speech regions of a transcript: its words' spans (a segment's own where it has no words), joined where
+    less than REGION_GAP apart, widened by EDGE_PAD (at most to the middle of the pause beside them), in samples
+    inside the audio."""
+    spans = [(w.start, w.end) for s in result.segments for w in (s.words or ())]
+    spans += [(s.start, s.end) for s in result.segments if not s.words]
+    joined: list[list[float]] = []
+    for start, end in sorted(spans):
+        if joined and start - joined[-1][1] < REGION_GAP:
+            joined[-1][1] = max(joined[-1][1], end)
+        else:
+            joined.append([start, end])
+    bounds = [-np.inf, *(t for span in joined for t in span), result.duration]
+    regions = []
+    for k, (start, end) in enumerate(joined):
+        before, after = bounds[2 * k], bounds[2 * k + 3]
+        start, end = max(start - EDGE_PAD, (before + start) / 2, 0.0), min(end + EDGE_PAD, (end + after) / 2)
+        regions.append(SpeechRegion(round(start * SAMPLE_RATE), round(end * SAMPLE_RATE)))
+    return tuple(r for r in regions if r.n_samples > 0)
+
+
 def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
     """Windows of WINDOW_SAMPLES spread evenly over the region, the first at its start and the last at its end, at
     at most HOP_SAMPLES apart; a region shorter than a window is one window of its own length."""
@@ -66,28 +95,30 @@ def partial_power(samples: np.ndarray) -> np.ndarray:
     return power_spectrum(samples * np.float32(gain))[:PARTIAL_FRAMES]
 
 
-def embed_speech(open_stream, encoder: SpeakerEncoder, vad: SileroVad | None = None,
-                 vad_options: VadOptions = SPEAKER_VAD) -> SpeechWindows:
-    """Windows and their embeddings over the speech of the audio ``open_stream()`` opens (called twice: the VAD
-    reads it once, then its regions are read again)."""
-    with open_stream() as stream:
-        probabilities, n_samples = (vad or default_vad()).speech_probabilities(stream)
-    regions = tuple(speech_regions(probabilities, n_samples, vad_options))
-    spans = [(span, index) for index, region in enumerate(regions) for span in window_spans(region)]
-    embeddings = np.zeros((len(spans), EMBEDDING_SIZE), dtype=np.float32)
-    with open_stream() as stream:
-        pending: list[np.ndarray] = []
-        done = 0
-        for (start, end), _ in spans:
-            pending.append(partial_power(read_span(stream, start, end)))
+def embed_speech(stream: AudioStream, regions: tuple[SpeechRegion, ...], encoder: SpeakerEncoder,
+                 duration: float) -> SpeechWindows:
+    """Windows and their embeddings over ``regions`` (in time order) of the audio ``stream`` reads, once."""
+    per_region = [window_spans(region) for region in regions]
+    embeddings = np.zeros((sum(map(len, per_region)), EMBEDDING_SIZE), dtype=np.float32)
+    done = 0
+    for mels in read_ahead(partial_mels(stream, regions, per_region, encoder.mel_filters)):
+        embeddings[done : done + len(mels)] = encoder.embed(mels)
+        done += len(mels)
+    spans = np.array([span for spans in per_region for span in spans], dtype=np.int64).reshape(-1, 2)
+    regions_of = np.repeat(np.arange(len(regions)), [len(spans) for spans in per_region]).astype(np.int64)
+    return SpeechWindows(regions, spans, regions_of, embeddings, duration)
+
+
+def partial_mels(stream: AudioStream, regions: tuple[SpeechRegion, ...], per_region: list[list[tuple[int, int]]],
+                 filters: np.ndarray) -> Iterator[np.ndarray]:
+    """The windows' partials [<= BATCH, 160, 40], in order, each region's audio read once."""
+    pending: list[np.ndarray] = []
+    for region, spans in zip(regions, per_region, strict=True):
+        samples = stream.read(region.start, region.n_samples)
+        for start, end in spans:
+            pending.append(partial_power(samples[start - region.start : end - region.start]))
             if len(pending) == BATCH:
-                embeddings[done : done + len(pending)] = encoder.embed(to_mels(np.stack(pending), encoder.mel_filters))
-                done, pending = done + len(pending), []
-        if pending:
-            embeddings[done:] = encoder.embed(to_mels(np.stack(pending), encoder.mel_filters))
-    return SpeechWindows(regions, np.array([s for s, _ in spans], dtype=np.int64).reshape(-1, 2),
-                         np.array([i for _, i in spans], dtype=np.int64), embeddings, n_samples / SAMPLE_RATE)
-
-
-def read_span(stream: AudioStream, start: int, end: int) -> np.ndarray:
-    return stream.read(start, end - start)
+                yield to_mels(np.stack(pending), filters)
+                pending = []
+    if pending:
+        yield to_mels(np.stack(pending), filters)
