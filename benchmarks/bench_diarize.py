@@ -224,7 +224,7 @@ def run_quality(args) -> list[dict]:
         turns = diarize(stream_opener(str(conversation.path)), base, SpeakerCount())
         seconds = time.perf_counter() - t0
         # what transcribe(..., diarize=True) returns for this transcript (the same two calls)
-        result = with_speakers(base, turns, model.tokenizer(base.language).encode)
+        result = with_speakers(base, turns, model.tokenizer(base.language))
         rows.append({**score(conversation, result, metric), "diarize_s": round(seconds, 2)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     pooled = abs(metric)

@@ -128,6 +128,22 @@ def test_every_word_and_segment_has_one_speaker(labelled, conversation):
     assert pairs == {("1089", "SPEAKER_00"), ("LJ", "SPEAKER_01")}
 
 
+def test_a_split_segment_keeps_its_own_tokens(tiny_en_bundle):
+    """A segment split at a change of speaker: each piece holds the segment's own text tokens for its words (no
+    encoding afresh), and a piece whose words are not its tokens' text is encoded."""
+    from whisperane import load_model
+    from whisperane.diarize.words import piece_tokens
+
+    tokenizer = load_model(tiny_en_bundle).tokenizer()
+    texts = [" And so my fellow Americans,", " ask not what your country", " can do for you."]
+    tokens = [tokenizer.timestamp_begin, *tokenizer.encode("".join(texts)), tokenizer.timestamp_begin + 150]
+    pieces = piece_tokens(tokens, texts, tokenizer)
+    assert [tokenizer.decode(p) for p in pieces] == texts
+    assert [t for p in pieces for t in p] == tokens[1:-1]
+    assert piece_tokens(tokens, [" And so my", " fellow citizens"], tokenizer) == [
+        tuple(tokenizer.encode(" And so my")), tuple(tokenizer.encode(" fellow citizens"))]
+
+
 def test_turns_score_under_the_goal_with_pyannote(labelled, conversation):
     core = pytest.importorskip("pyannote.core", reason="pyannote.core (the test extra) is not installed")
     metrics = pytest.importorskip("pyannote.metrics.diarization", reason="pyannote.metrics is not installed")
@@ -287,31 +303,3 @@ def test_a_corpus_conversation_of_three(tmp_path, tiny_en_bundle):
         bench_diarize.annotation(built.turns, "three"), bench_diarize.annotation(turns, "three"))
     assert der <= DER_GOAL
 
-
-def test_read_ahead_keeps_order_raises_and_stops():
-    """The diarization's reading runs a batch ahead on a thread: items in order, the producer's exception raised in
-    the consumer, and a consumer that stops early leaves no producer running."""
-    import threading
-
-    from whisperane.util import read_ahead
-
-    assert list(read_ahead(iter(range(50)))) == list(range(50))
-
-    def failing():
-        yield 1
-        raise OSError("disk gone")
-
-    with pytest.raises(OSError, match="disk gone"):
-        list(read_ahead(failing()))
-    produced = []
-
-    def endless():
-        while True:
-            produced.append(len(produced))
-            yield produced[-1]
-
-    for item in read_ahead(endless()):
-        if item == 3:
-            break
-    assert len(produced) <= 3 + 1 + 2 + 1  # the items taken, the depth ahead, and one that found the consumer gone
-    assert not any(t.name == "read-ahead" for t in threading.enumerate())

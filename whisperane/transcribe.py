@@ -57,7 +57,7 @@ def transcribe(
     # the transcription on a thread of its own it costs the decoder loop more than its own time
     # (benchmarks/results/2026-12-06-session34-diarize.md)
     turns = diarize(open_again, result, options.speaker_count)
-    return with_speakers(result, turns, model.tokenizer(result.language, options.task).encode)
+    return with_speakers(result, turns, model.tokenizer(result.language, options.task))
 
 
 def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import BinaryIO
 
 from .errors import ModelError
-
-T = TypeVar("T")
 
 
 def default_cache_dir() -> Path:
@@ -180,44 +176,3 @@ _NETWORK_TROUBLE = re.compile(
     re.IGNORECASE,
 )
 
-
-def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:
-    """``items``, produced on a thread of their own up to ``depth`` ahead of the consumer (reading and numpy
-    work there overlaps an ONNX Runtime call here, both releasing the GIL). An exception in ``items`` is raised
-    here; a consumer that stops early stops the producer at its next item."""
-    buffer: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def hand(item: object, err: BaseException | None) -> bool:
-        """Put one item in the buffer unless the consumer has stopped; False once it has."""
-        while not stop.is_set():
-            try:
-                buffer.put((item, err), timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not hand(item, None):
-                    return
-            hand(end, None)
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
-            hand(end, err)
-
-    worker = threading.Thread(target=produce, name="read-ahead", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item, err = buffer.get()
-            if err is not None:
-                raise err
-            if item is end:
-                return
-            yield item
-    finally:
-        stop.set()
-        worker.join()

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import OptionsError
 
-DISTANCE_THRESHOLD = 0.44  # cosine distance between clusters' average linkage at which merging stops
+DISTANCE_THRESHOLD = 0.45  # cosine distance between clusters' average linkage at which merging stops
 SMALL_CLUSTER = 0.05  # a cluster of fewer windows than this share (and at least 2) is not a speaker of its own
 MAX_CLUSTERED = 800  # windows clustered directly: an 800 x 800 distance matrix, 5 MB
 

@@ -36,10 +36,19 @@ def mel_power(audio: np.ndarray, filters: np.ndarray) -> np.ndarray:
 
 
 def to_mels(power: np.ndarray, filters: np.ndarray) -> np.ndarray:
-    """Power spectra [..., N_FFT // 2 + 1] through the mel filters [n_mels, N_FFT // 2 + 1]. Many frames go in one
-    call: numpy's multi-threaded BLAS costs milliseconds a call beside ONNX Runtime, however small the product."""
+    """Power spectra [..., N_FFT // 2 + 1] through the mel filters [n_mels, N_FFT // 2 + 1]. Each triangular filter
+    is summed over its own bins, without BLAS: numpy's BLAS threads keep spinning after a product and take a core
+    from the ONNX Runtime call that follows (the speaker encoder ran at half speed beside them,
+    benchmarks/results/2026-12-06-session35-diarize-cost.md)."""
     shape = power.shape
-    return (power.reshape(-1, shape[-1]) @ filters.T).reshape(*shape[:-1], filters.shape[0]).astype(np.float32)
+    flat = power.reshape(-1, shape[-1])
+    out = np.zeros((len(flat), filters.shape[0]), dtype=np.float32)
+    for m, row in enumerate(filters):
+        bins = np.flatnonzero(row)
+        if len(bins):
+            low, high = bins[0], bins[-1] + 1
+            np.einsum("fb,b->f", flat[:, low:high], row[low:high].astype(np.float32), out=out[:, m])
+    return out.reshape(*shape[:-1], filters.shape[0])
 
 
 def volume_gain(samples: np.ndarray) -> float:

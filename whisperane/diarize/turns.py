@@ -35,7 +35,8 @@ def speaker_turns(windows: SpeechWindows, clusters: np.ndarray) -> tuple[Speaker
 
 
 def region_runs(start: int, end: int, spans: np.ndarray, similarity: np.ndarray) -> list[tuple[int, int, int]]:
-    """Runs of one cluster over a region's frames, each frame scored by the mean similarity of its windows."""
+    """Runs of one cluster over a region's frames, each frame scored by the mean similarity of the windows covering
+    it (the nearest window's where none does)."""
     n_frames = max(1, -(-(end - start) // FRAME_SAMPLES))
     scores = np.zeros((n_frames, similarity.shape[1]))
     covered = np.zeros(n_frames)
@@ -43,7 +44,12 @@ def region_runs(start: int, end: int, spans: np.ndarray, similarity: np.ndarray)
         a, b = (first - start) // FRAME_SAMPLES, -(-(last - start) // FRAME_SAMPLES)
         scores[a:b] += row
         covered[a:b] += 1
-    best = np.argmax(scores / np.maximum(covered, 1)[:, None], axis=1)
+    mean = scores / np.maximum(covered, 1)[:, None]
+    empty = np.flatnonzero(covered == 0)
+    if len(empty):  # frames between windows, or at a region's edge: the nearest window's
+        centres = (spans.mean(axis=1) - start) / FRAME_SAMPLES
+        mean[empty] = similarity[np.abs(empty[:, None] + 0.5 - centres[None, :]).argmin(axis=1)]
+    best = np.argmax(mean, axis=1)
     changes = np.flatnonzero(np.diff(best)) + 1
     bounds = [0, *changes.tolist(), n_frames]
     return [(start + a * FRAME_SAMPLES, min(end, start + b * FRAME_SAMPLES), int(best[a]))

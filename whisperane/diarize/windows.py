@@ -1,9 +1,8 @@
 """Speaker embeddings over a transcript's speech. Its words, joined where less than REGION_GAP apart, make the
-speech regions (no VAD pass of their own); windows of 1.6 s lie side by side inside each region (never across a
-pause), each a partial utterance brought to Resemblyzer's level and embedded by the speaker encoder. The audio is
-read once, region by region, in bounded memory, a batch of partials ahead of the encoder on a thread of its own
-(the encoder's threads and the reading then share the cores); only the windows' spans and embeddings (1 KiB a
-window) are kept."""
+speech regions (no VAD pass of their own); windows of 1.6 s lie side by side or a little apart inside each region
+(never across a pause), each a partial utterance brought to Resemblyzer's level and embedded by the speaker
+encoder. The audio is read once, region by region, in bounded memory: only the windows' spans and embeddings
+(1 KiB a window) are kept."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE, AudioStream
 from ..result import TranscriptionResult
-from ..util import read_ahead
 from ..vad.regions import SpeechRegion
 from .encoder import BATCH, SpeakerEncoder
 from .features import power_spectrum, to_mels, volume_gain
@@ -27,7 +25,6 @@ REGION_GAP = 0.2
 # on either side (benchmarks/results/2026-12-06-session35-diarize-cost.md).
 EDGE_PAD = 0.15
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
-HOP_SAMPLES = WINDOW_SAMPLES  # side by side: overlapping halves cost twice the encoder for the same turns
 # Windows shorter than a whole partial (a region under 1.6 s) embed less reliably, the more so as word spans hold
 # whatever sound lies between words: they are not clustered, only assigned to the nearest speaker
 # (benchmarks/results/2026-12-06-session35-diarize-cost.md).
@@ -76,13 +73,18 @@ def transcript_speech(result: TranscriptionResult) -> tuple[SpeechRegion, ...]:
 
 
 def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
-    """Windows of WINDOW_SAMPLES spread evenly over the region, the first at its start and the last at its end, at
-    at most HOP_SAMPLES apart; a region shorter than a window is one window of its own length."""
+    """As many whole windows of WINDOW_SAMPLES as the region holds, spread evenly from its start to its end (a single
+    one in its middle): the frames outside them (less than a window's length in all) go with the nearest, and the
+    encoder's work is about one partial per 1.6 s of speech. A region shorter than a window is one window of its
+    own length."""
     length = region.n_samples
     if length <= WINDOW_SAMPLES:
         return [(region.start, region.end)]
-    count = -(-(length - WINDOW_SAMPLES) // HOP_SAMPLES) + 1
-    starts = np.linspace(region.start, region.end - WINDOW_SAMPLES, count).round().astype(int)
+    count = max(1, length // WINDOW_SAMPLES)
+    if count == 1:
+        starts = [region.start + (length - WINDOW_SAMPLES) // 2]
+    else:
+        starts = np.linspace(region.start, region.end - WINDOW_SAMPLES, count).round().astype(int).tolist()
     return [(int(s), int(s) + WINDOW_SAMPLES) for s in starts]
 
 
@@ -101,7 +103,7 @@ def embed_speech(stream: AudioStream, regions: tuple[SpeechRegion, ...], encoder
     per_region = [window_spans(region) for region in regions]
     embeddings = np.zeros((sum(map(len, per_region)), EMBEDDING_SIZE), dtype=np.float32)
     done = 0
-    for mels in read_ahead(partial_mels(stream, regions, per_region, encoder.mel_filters)):
+    for mels in partial_mels(stream, regions, per_region, encoder.mel_filters):
         embeddings[done : done + len(mels)] = encoder.embed(mels)
         done += len(mels)
     spans = np.array([span for spans in per_region for span in spans], dtype=np.int64).reshape(-1, 2)

@@ -5,10 +5,11 @@ move to the pause between the two speakers' words (re-segmentation at word bound
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..result import Segment, SpeakerTurn, SpeakerWord, TranscriptionResult, Word
+from ..tokenizer import Tokenizer
 
 SNAP_RANGE = 0.5  # seconds: how far a turn boundary inside speech may move to a pause between words
 
@@ -28,10 +29,9 @@ def word_speaker(turns: Sequence[SpeakerTurn], starts: list[float], start: float
     return min(nearby, key=lambda t: max(t.start - middle, middle - t.end)).speaker
 
 
-def labelled_segments(segments: Sequence[Segment], turns: Sequence[SpeakerTurn],
-                      encode: Callable[[str], list[int]]) -> list[Segment]:
-    """Each segment's words labelled and the segment split at every change of speaker (a piece's tokens are its
-    text encoded again); a segment without words takes the speaker covering most of it."""
+def labelled_segments(segments: Sequence[Segment], turns: Sequence[SpeakerTurn], tokenizer: Tokenizer) -> list[Segment]:
+    """Each segment's words labelled and the segment split at every change of speaker (``piece_tokens``); a segment
+    without words takes the speaker covering most of it."""
     starts = [t.start for t in turns]
     out: list[Segment] = []
     for segment in segments:
@@ -44,13 +44,31 @@ def labelled_segments(segments: Sequence[Segment], turns: Sequence[SpeakerTurn],
         if len(runs) == 1:
             out.append(replace(segment, words=tuple(words), speaker=words[0].speaker))
             continue
-        for k, run in enumerate(runs):
-            text = "".join(w.word for w in run)
+        texts = ["".join(w.word for w in run) for run in runs]
+        for k, (run, text, tokens) in enumerate(zip(runs, texts, piece_tokens(segment.tokens, texts, tokenizer),
+                                                    strict=True)):
             start = segment.start if k == 0 else run[0].start
             end = segment.end if k == len(runs) - 1 else run[-1].end
-            out.append(replace(segment, start=start, end=end, text=text, tokens=tuple(encode(text)),
-                               words=tuple(run), speaker=run[0].speaker))
+            out.append(replace(segment, start=start, end=end, text=text, tokens=tokens, words=tuple(run),
+                               speaker=run[0].speaker))
     return [replace(s, id=i) for i, s in enumerate(out)]
+
+
+def piece_tokens(tokens: Sequence[int], texts: list[str], tokenizer: Tokenizer) -> list[tuple[int, ...]]:
+    """The text tokens of each piece of a segment split into ``texts`` (its words' text, in order): the segment's
+    own tokens, cut where each piece's bytes end; each piece encoded afresh where its words' text is not its
+    tokens' (the encoder's vocabulary is then loaded, once)."""
+    text_tokens = [t for t in tokens if t < tokenizer.eot]
+    data = [tokenizer.vocabulary.token_bytes[t] for t in text_tokens]
+    pieces, k = [], 0
+    for text in texts:
+        want, got, first = text.encode(), b"", k
+        while k < len(data) and len(got) < len(want):
+            got, k = got + data[k], k + 1
+        if got != want:
+            return [tuple(tokenizer.encode(t)) for t in texts]
+        pieces.append(tuple(text_tokens[first:k]))
+    return pieces
 
 
 def split_runs(words: list[SpeakerWord]) -> list[list[SpeakerWord]]:
@@ -84,13 +102,12 @@ def snapped_turns(turns: Sequence[SpeakerTurn], words: Sequence[Word]) -> tuple[
     return tuple(out)
 
 
-def with_speakers(result: TranscriptionResult, turns: Sequence[SpeakerTurn],
-                  encode: Callable[[str], list[int]]) -> TranscriptionResult:
+def with_speakers(result: TranscriptionResult, turns: Sequence[SpeakerTurn], tokenizer: Tokenizer) -> TranscriptionResult:
     """``result`` with a speaker on every word and segment and its speaker turns (re-cut at word boundaries)."""
     if not turns:  # no speech found: words the decoder heard anyway are one speaker's, over their own span
         if not result.segments:
             return replace(result, speaker_turns=())
         turns = (SpeakerTurn("SPEAKER_00", result.segments[0].start, result.segments[-1].end),)
-    segments = labelled_segments(result.segments, turns, encode)
+    segments = labelled_segments(result.segments, turns, tokenizer)
     words = [w for s in segments for w in s.words or ()]
     return replace(result, segments=tuple(segments), speaker_turns=snapped_turns(turns, words))
