@@ -39,8 +39,6 @@ RECHECK_S = 0.5
 LONG_PAUSE_S = 2.0
 # A decoded word that starts this long after the pause began is noise the decoder put into the silence.
 PAUSE_TOLERANCE_S = 0.3
-# The VAD hears a word's sound trail its decoded end by up to this much: voice inside it is not new voice.
-TRAILING_VOICE_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -179,7 +177,7 @@ class LiveTranscriber:
         prompt, not after the silence."""
         since = max(self._buffer_start, last_update - round(RECHECK_S * SAMPLE_RATE))
         if self._confirmed:
-            since = max(since, round((self._confirmed[-1].end + TRAILING_VOICE_S) * SAMPLE_RATE))
+            since = max(since, round(self._confirmed[-1].end * SAMPLE_RATE))
         if self._hypothesis or self._voice.has_voice(since):
             return True
         if self._voice.pause_seconds() >= LONG_PAUSE_S:
