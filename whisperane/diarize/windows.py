@@ -80,7 +80,7 @@ def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
     length = region.n_samples
     if length <= WINDOW_SAMPLES:
         return [(region.start, region.end)]
-    count = max(1, length // WINDOW_SAMPLES)
+    count = length // WINDOW_SAMPLES  # at least one: the region is longer than a window
     if count == 1:
         starts = [region.start + (length - WINDOW_SAMPLES) // 2]
     else:
