@@ -142,6 +142,20 @@ def test_jfk_streamed_in_chunks_confirms_the_offline_transcript(model, offline_j
 
 
 @pytest.mark.slow
+def test_a_sentence_after_a_pause_is_decoded_after_the_prompt(model, offline_jfk):
+    """JFK, 1.5 s of silence, a LibriSpeech sentence; each 0.5 s chunk one update. While JFK's confirmed sentence
+    and the silence stayed in the buffer, tiny.en ended every decoding with JFK's text and never wrote the new
+    sentence (none of its words confirmed); once every word is confirmed and the voice has paused LONG_PAUSE_S,
+    the buffer keeps only a lead-in and the next words are decoded after the prompt."""
+    second = load_audio(DATA_DIR / "1089-134686-0001.flac")
+    audio = np.concatenate([load_audio(JFK), np.zeros(24000, np.float32), second])
+    onset = (len(audio) - len(second)) / 16000
+    confirmed = _confirmed(list(whisperane.stream([audio[i : i + 8000] for i in range(0, len(audio), 8000)], model)))
+    assert _wer(offline_jfk, "".join(w.word for w in confirmed if w.end <= onset)) <= JFK_MAX_WER
+    assert _wer("STUFF IT INTO YOU HIS BELLY COUNSELLED HIM", "".join(w.word for w in confirmed if w.end > onset)) <= 1 / 8
+
+
+@pytest.mark.slow
 def test_jfk_streamed_live_confirms_the_offline_transcript(model, offline_jfk):
     """The real-time simulation: its updates fall where the processing time puts them, so the schedule, and
     with it the confirmed text, is the machine's (the bound is the worst measured over fixed schedules)."""

@@ -16,6 +16,7 @@ from ..options import TranscribeOptions
 from ..result import Word
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
+from ..timing import PUNCTUATION
 from ..tokenizer import Tokenizer
 
 # An update never runs openai's whole fallback (six temperatures, best-of-5 sampling from the second: seconds with
@@ -61,10 +62,16 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     words: list[Word] = []
     ends: set[int] = set()
     for segment in outcome.segments:
-        words.extend(replace(w, probability=round(w.probability, 4)) for w in segment.words or ())
+        words.extend(replace(w, probability=round(w.probability, 4)) for w in segment.words or () if has_letters(w))
         if words:
             ends.add(len(words) - 1)
     return BufferDecoding(tuple(words), frozenset(ends))
+
+
+def has_letters(word: Word) -> bool:
+    """Whether a decoded word is more than punctuation: at a buffer's end the decoder writes a lone "." over
+    speech it cannot read yet, which would be confirmed over (and hide) the words decoded there later."""
+    return bool(word.word.strip().strip(PUNCTUATION))
 
 
 def update_tokens(n_samples: int) -> int:

@@ -35,8 +35,11 @@ LEAD_IN_S = 0.5
 LANGUAGE_VOICE_S = 3.0
 # Voice this long before the last update's end is decoded once more (with the audio after it), then no longer.
 RECHECK_S = 0.5
-# A pause this long empties the buffer (but for LEAD_IN_S).
-LONG_PAUSE_S = 2.0
+# A pause this long, with every word before it confirmed, empties the buffer (but for LEAD_IN_S): the next words are
+# decoded after the prompt alone, as a file's next window is. Where the old sentence stays in the buffer, before a
+# silence, the decoder often ends the text with it and leaves the new words undecoded for several updates
+# (benchmarks/results/2026-12-06-session36-live.md).
+LONG_PAUSE_S = 1.0
 # A decoded word that starts this long after the pause began is noise the decoder put into the silence.
 PAUSE_TOLERANCE_S = 0.3
 
