@@ -9,7 +9,8 @@ fed to each system by the wall clock, as if live. Per system and model:
   word's appeared in any output (hypothesis or confirmed), minus that word's end; median;
 - last word: the confirmed latency of the last word of the file (does it keep up?); confirmed max;
 - longest gap: the longest wall time without a change of the text on screen (new confirmed words, or a changed
-  hypothesis) while speech was arriving (the clips' spans in the file);
+  hypothesis) while speech continued: only the time within the clips counts, not the pauses between them; beside
+  it (in parentheses) the longest whole interval between two changes that touched a clip, pauses included;
 - done after end: the stream's end (whisperane's "done", whisper_streaming's ``finish()``) after the audio's;
 - WER of the final confirmed text (Whisper's English normalizer, then jiwer), beside whisperane's offline
   ``transcribe`` WER on the same file; CPU seconds per audio second (this process, all threads).
@@ -204,8 +205,17 @@ def event_times(record: Record) -> list[float]:
 
 
 def longest_gap(times: list[float], speech: list[tuple[float, float]]) -> float:
-    """The longest wall time between two changes of the text (the stream's start the first) while speech was
-    arriving at some moment between them (audio time is wall time: the file is fed at real time)."""
+    """The longest time without a change of the text while speech continues: of each wall-time interval between
+    two changes (the stream's start the first), the part that lies within the clips (audio time is wall time: the
+    file is fed at real time); the pauses between clips are not speech."""
+    edges = [0.0, *sorted(times)]
+    gaps = [sum(max(0.0, min(b, e) - max(a, s)) for s, e in speech) for a, b in zip(edges, edges[1:], strict=False)]
+    return max(gaps, default=0.0)
+
+
+def longest_gap_touching(times: list[float], speech: list[tuple[float, float]]) -> float:
+    """The longest whole interval between two changes of the text that speech arrived in at some moment: with the
+    pauses between clips (and the time before the next clip's first word could be shown) counted in."""
     edges = [0.0, *sorted(times)]
     gaps = [b - a for a, b in zip(edges, edges[1:], strict=False) if any(s < b and e > a for s, e in speech)]
     return max(gaps, default=0.0)
@@ -227,6 +237,7 @@ def metrics(record: Record, reference: str, speech: list[tuple[float, float]]) -
         "confirmed_p90": float(np.percentile(latency, 90)) if latency else None,
         "confirmed_max": float(max(latency)) if latency else None,
         "longest_gap": longest_gap(event_times(record), speech),
+        "longest_gap_touching": longest_gap_touching(event_times(record), speech),
         "done_after_end": record.done_s - record.audio_s,
         "hypothesis_median": float(np.median(first_seen)) if first_seen else None,
         "last_word": (last[0] - last[1][2]) if last else None,
@@ -234,6 +245,7 @@ def metrics(record: Record, reference: str, speech: list[tuple[float, float]]) -
         "cpu_per_audio_s": record.cpu_s / record.audio_s,
         "load": list(record.load),
         "text": text,
+        "event_times": [round(t, 3) for t in event_times(record)],  # for the gaps, recomputed from the JSON
     }
 
 
@@ -292,9 +304,11 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=1))
 
 
-HEADER = ("| model | system | confirmed median / p90 / max (s) | hypothesis median (s) | longest gap (s) | done after end (s) "
+HEADER = ("| model | system | confirmed median / p90 / max (s) | hypothesis median (s) | longest gap in speech (touching) (s) "
+          "| done after end (s) "
           "| WER % (offline) | CPU s / audio s | load before / after |\n|---|---|---|---|---|---|---|---|---|")
-FIGURES = ("confirmed_median", "confirmed_p90", "confirmed_max", "hypothesis_median", "longest_gap", "done_after_end",
+FIGURES = ("confirmed_median", "confirmed_p90", "confirmed_max", "hypothesis_median", "longest_gap",
+           "longest_gap_touching", "done_after_end",
            "wer", "offline_wer", "cpu_per_audio_s")
 
 
@@ -317,7 +331,7 @@ def _line(r: dict) -> str:
         return f"{x:.2f}"
 
     return (f"| {r['model']} | {r['system']} | {f(r['confirmed_median'])} / {f(r['confirmed_p90'])} / "
-            f"{f(r['confirmed_max'])} | {f(r['hypothesis_median'])} | {f(r['longest_gap'])} | "
+            f"{f(r['confirmed_max'])} | {f(r['hypothesis_median'])} | {f(r['longest_gap'])} ({f(r['longest_gap_touching'])}) | "
             f"{f(r['done_after_end'])} | {f(r['wer'])} ({f(r['offline_wer'])}) | {f(r['cpu_per_audio_s'])} | "
             f"{r['load'][0]} / {r['load'][1]} |")
 
