@@ -142,15 +142,23 @@ def test_jfk_streamed_in_chunks_confirms_the_offline_transcript(model, offline_j
 
 
 @pytest.mark.slow
-def test_a_sentence_after_a_pause_is_decoded_after_the_prompt(model, offline_jfk):
-    """JFK, 1.5 s of silence, a LibriSpeech sentence; each 0.5 s chunk one update. While JFK's confirmed sentence
-    and the silence stayed in the buffer, tiny.en ended every decoding with JFK's text and never wrote the new
-    sentence (none of its words confirmed); once every word is confirmed and the voice has paused LONG_PAUSE_S,
-    the buffer keeps only a lead-in and the next words are decoded after the prompt."""
+@pytest.mark.parametrize("pause_inside_an_update", [False, True])
+def test_a_sentence_after_a_pause_is_decoded_after_the_prompt(model, offline_jfk, pause_inside_an_update):
+    """JFK, 1.5 s of silence, a LibriSpeech sentence; each chunk one update: 0.5 s chunks, or one 2 s chunk from
+    11.5 s (the silence then ends inside an update: no update sees a second of it). While JFK's confirmed
+    sentence and the silence stayed in the buffer, tiny.en ended every decoding with JFK's text and never wrote
+    the new sentence (none of its words confirmed); once every word is confirmed and the voice has paused
+    (LONG_PAUSE_S seen by an update, or PAUSE_BEFORE_NEW_VOICE_S found before the new voice), the buffer keeps
+    only a lead-in and the next words are decoded after the prompt. JFK's own pauses (1.06-1.09 s) are not cut:
+    his text stays the offline one's."""
     second = load_audio(DATA_DIR / "1089-134686-0001.flac")
     audio = np.concatenate([load_audio(JFK), np.zeros(24000, np.float32), second])
     onset = (len(audio) - len(second)) / 16000
-    confirmed = _confirmed(list(whisperane.stream([audio[i : i + 8000] for i in range(0, len(audio), 8000)], model)))
+    edges = list(range(0, len(audio), 8000))
+    if pause_inside_an_update:
+        edges = [e for e in edges if not 11.5 * 16000 < e < 13.5 * 16000]
+    chunks = [audio[a:b] for a, b in zip(edges, [*edges[1:], len(audio)], strict=True)]
+    confirmed = _confirmed(list(whisperane.stream(chunks, model)))
     assert _wer(offline_jfk, "".join(w.word for w in confirmed if w.end <= onset)) <= JFK_MAX_WER
     assert _wer("STUFF IT INTO YOU HIS BELLY COUNSELLED HIM", "".join(w.word for w in confirmed if w.end > onset)) <= 1 / 8
 

@@ -37,9 +37,13 @@ LANGUAGE_VOICE_S = 3.0
 RECHECK_S = 0.5
 # A pause this long, with every word before it confirmed, empties the buffer (but for LEAD_IN_S): the next words are
 # decoded after the prompt alone, as a file's next window is. Where the old sentence stays in the buffer, before a
-# silence, the decoder often ends the text with it and leaves the new words undecoded for several updates
-# (benchmarks/results/2026-12-06-session36-live.md).
+# silence, the decoder often ends the text with it and leaves the new words undecoded for several updates, or for
+# good (benchmarks/results/2026-12-06-session36-live.md).
 LONG_PAUSE_S = 1.0
+# Where no update fell inside the pause (a slow update, a long min_chunk), the new voice is found after a pause this
+# long: longer than an orator's pause inside a sentence (JFK's: 1.06-1.09 s), where a cut would lose the audio's
+# context, which the pause seen from inside rarely meets (an update within its last tenth of a second).
+PAUSE_BEFORE_NEW_VOICE_S = 1.25
 # A decoded word that starts this long after the pause began is noise the decoder put into the silence.
 PAUSE_TOLERANCE_S = 0.3
 
@@ -181,11 +185,24 @@ class LiveTranscriber:
         since = max(self._buffer_start, last_update - round(RECHECK_S * SAMPLE_RATE))
         if self._confirmed:
             since = max(since, round(self._confirmed[-1].end * SAMPLE_RATE))
-        if self._hypothesis or self._voice.has_voice(since):
+        if self._hypothesis:
+            return True
+        if self._voice.has_voice(since):
+            self._cut_before_new_voice()
             return True
         if self._voice.pause_seconds() >= LONG_PAUSE_S:
             self._cut(self._received - round(LEAD_IN_S * SAMPLE_RATE))
         return False
+
+    def _cut_before_new_voice(self) -> None:
+        """The long pause's cut where the pause fell between two updates (a slow update, a long min_chunk): the
+        first voice after the confirmed words (their trailing sound aside) follows PAUSE_BEFORE_NEW_VOICE_S of silence."""
+        if self._confirmed:
+            after = round((self._confirmed[-1].end + PAUSE_TOLERANCE_S) * SAMPLE_RATE)
+            pause = round(PAUSE_BEFORE_NEW_VOICE_S * SAMPLE_RATE)
+            onset = self._voice.onset_after_pause(max(after, self._buffer_start), pause)
+            if onset is not None:
+                self._cut(onset - round(LEAD_IN_S * SAMPLE_RATE))
 
     def _confirm(self, n: int, segment_ends: set[float] | None = None) -> list[StreamEvent]:
         if n == 0:

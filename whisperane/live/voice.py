@@ -46,6 +46,17 @@ class VoiceTrack:
         a, b = start // WINDOW, None if end is None else -(-end // WINDOW)
         return bool((self.probabilities[a:b] >= self.options.threshold).any())
 
+    def onset_after_pause(self, start: int, pause: int) -> int | None:
+        """Where the first voice at or after sample ``start`` begins, if at least ``pause`` samples of silence (as
+        ``pause_start`` hears it: below the silence threshold) come before it, the silence perhaps beginning
+        before ``start``; else None."""
+        p = self.probabilities
+        first = np.flatnonzero(p[start // WINDOW :] >= self.options.threshold)
+        if len(first) == 0:
+            return None
+        i, k = int(first[0]) + start // WINDOW, -(-pause // WINDOW)
+        return i * WINDOW if i >= k and (p[i - k : i] < self.options.silence_threshold).all() else None
+
     def voiced_frames(self, start: int) -> list[tuple[int, int]]:
         """The voiced runs (vad.VOICED) from sample ``start`` on, in mel frames from ``start``: what the seek
         loop's voice check asks of a buffer that begins there."""
