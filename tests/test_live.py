@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from test_repetition import LOOPING_PROMPT, LOOPING_SECONDS
 
 import whisperane
 from whisperane.audio import load_audio
-from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent, buffer
+from whisperane.live import LiveTranscriber, SimulatedClock, StreamEvent, buffer, engine
 from whisperane.live.agreement import agreed_prefix, unconfirmed_part
 from whisperane.live.buffer import update_tokens
 from whisperane.live.chunks import paced
@@ -236,6 +237,35 @@ def test_a_multilingual_model_detects_the_streams_language(base_int8_model):
     assert done.result.language == offline.language == "de"
     # measured: the offline transcript word for word; one word of its 12 may differ
     assert _wer(offline.text, done.text) <= 1 / 12 + 1e-9
+
+
+@pytest.mark.slow
+def test_voice_that_a_decoding_stopped_short_of_is_decoded_alone(model, monkeypatch):
+    """A decoding that ends before the voice does, then the pause closes the utterance: the confirmed words stop
+    short of its voice (base did so at 1 s updates: "his" and never "belly counseled him",
+    benchmarks/results/2026-12-06-session36-live.md). Here every decoding of a buffer that begins before 9 s
+    stops before JFK's last "for your country" (the decoder's end of text, forced); the voice after the confirmed
+    "do" is then decoded once more on its own, after the prompt, before the buffer is emptied."""
+    audio = np.concatenate([load_audio(JFK), np.zeros(32000, np.float32)])
+    received = [0]
+    decode = engine.decode_buffer
+
+    def stopping_short(model_, samples, *args, **kwargs):
+        decoding = decode(model_, samples, *args, **kwargs)
+        start = (received[0] - len(samples)) / 16000
+        cut = [i for i, w in enumerate(decoding.words) if w.word.strip().lower() == "for" and start + w.start > 9.0]
+        if start >= 9.0 or not cut:
+            return decoding
+        return replace(decoding, words=decoding.words[: cut[0]],
+                       segment_ends=frozenset(i for i in decoding.segment_ends if i < cut[0]))
+
+    monkeypatch.setattr(engine, "decode_buffer", stopping_short)
+    transcriber, events = LiveTranscriber(model), []
+    for i in range(0, len(audio), 8000):
+        received[0] = min(i + 8000, len(audio))
+        events += transcriber.feed(audio[i : i + 8000])
+    confirmed = _confirmed(events + transcriber.finish())
+    assert [w.word.strip(" .,").lower() for w in confirmed[-4:]] == ["do", "for", "your", "country"]
 
 
 def _count_decoder_steps(model, patch) -> list:

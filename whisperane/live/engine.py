@@ -44,6 +44,9 @@ LONG_PAUSE_S = 1.0
 # long: longer than an orator's pause inside a sentence (JFK's: 1.06-1.09 s), where a cut would lose the audio's
 # context, which the pause seen from inside rarely meets (an update within its last tenth of a second).
 PAUSE_BEFORE_NEW_VOICE_S = 1.25
+# Voice this long after the last confirmed word is more than its trailing sound (the VAD's voice outlasts a word's
+# decoded end by up to a quarter second): words no decoding wrote, decoded once more on their own.
+UNCOVERED_S = 0.5
 # A decoded word that starts this long after the pause began is noise the decoder put into the silence.
 PAUSE_TOLERANCE_S = 0.3
 
@@ -109,6 +112,7 @@ class LiveTranscriber:
         self._hypothesis: list[Word] = []  # the last decoding's words past the confirmed text
         self._segment_ends: set[float] = set()  # end times of confirmed words that ended a decoded segment
         self._done = False
+        self._redecoded_after = -1.0  # the confirmed end after which uncovered voice was decoded alone once
 
     @property
     def audio_time(self) -> float:
@@ -190,9 +194,22 @@ class LiveTranscriber:
         if self._voice.has_voice(since):
             self._cut_before_new_voice()
             return True
+        if self._uncovered_voice():
+            self._redecoded_after = self._confirmed[-1].end
+            self._cut(round(self._confirmed[-1].end * SAMPLE_RATE))
+            return True
         if self._voice.pause_seconds() >= LONG_PAUSE_S:
             self._cut(self._received - round(LEAD_IN_S * SAMPLE_RATE))
         return False
+
+    def _uncovered_voice(self) -> bool:
+        """Voice after the confirmed words (their trailing sound aside) and before the pause that no decoding
+        wrote (a decoding that stopped early, then the pause closed the utterance), not yet decoded on its own."""
+        pause_start = self._voice.pause_start()
+        if not self._confirmed or pause_start is None or self._confirmed[-1].end == self._redecoded_after:
+            return False
+        after = round((self._confirmed[-1].end + UNCOVERED_S) * SAMPLE_RATE)
+        return after < pause_start and self._voice.has_voice(max(after, self._buffer_start), pause_start)
 
     def _cut_before_new_voice(self) -> None:
         """The long pause's cut where the pause fell between two updates (a slow update, a long min_chunk): the
