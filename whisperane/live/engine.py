@@ -184,8 +184,8 @@ class LiveTranscriber:
     def _has_voice(self, last_update: int) -> bool:
         """Whether there is something to decode: a hypothesis, or voice past the confirmed text that arrived
         since the last update (or in the RECHECK_S before it: the decoding may have needed more audio after
-        it). After a long pause the buffer keeps only a lead-in: the next utterance is decoded after the
-        prompt, not after the silence."""
+        it), or voice before the pause that no decoding wrote (decoded once on its own). After a long pause the
+        buffer keeps only a lead-in: the next utterance is decoded after the prompt, not after the silence."""
         since = max(self._buffer_start, last_update - round(RECHECK_S * SAMPLE_RATE))
         if self._confirmed:
             since = max(since, round(self._confirmed[-1].end * SAMPLE_RATE))
