@@ -47,15 +47,18 @@ class VoiceTrack:
         return bool((self.probabilities[a:b] >= self.options.threshold).any())
 
     def onset_after_pause(self, start: int, pause: int) -> int | None:
-        """Where the first voice at or after sample ``start`` begins, if at least ``pause`` samples of silence (as
-        ``pause_start`` hears it: below the silence threshold) come before it, the silence perhaps beginning
-        before ``start``; else None."""
-        p = self.probabilities
+        """Where the first voice at or after sample ``start`` begins (its rise above the silence threshold), if at
+        least ``pause`` samples of silence (as ``pause_start`` hears it: below that threshold) come before it, the
+        silence perhaps beginning before ``start``; else None."""
+        p, quiet = self.probabilities, self.probabilities < self.options.silence_threshold
         first = np.flatnonzero(p[start // WINDOW :] >= self.options.threshold)
         if len(first) == 0:
             return None
-        i, k = int(first[0]) + start // WINDOW, -(-pause // WINDOW)
-        return i * WINDOW if i >= k and (p[i - k : i] < self.options.silence_threshold).all() else None
+        rise = int(first[0]) + start // WINDOW
+        while rise > 0 and not quiet[rise - 1]:
+            rise -= 1
+        k = -(-pause // WINDOW)
+        return rise * WINDOW if rise >= k and quiet[rise - k : rise].all() else None
 
     def voiced_frames(self, start: int) -> list[tuple[int, int]]:
         """The voiced runs (vad.VOICED) from sample ``start`` on, in mel frames from ``start``: what the seek
