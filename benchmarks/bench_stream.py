@@ -231,13 +231,14 @@ def metrics(record: Record, reference: str, speech: list[tuple[float, float]]) -
         first_seen.append(first - end)
     last = max(confirmed, key=lambda c: c[1][2]) if confirmed else None
     text = "".join(w[0] if w[0][:1].isspace() else " " + w[0] for _, w in confirmed)
+    events = event_times(record)
     return {
         "words": len(confirmed),
         "confirmed_median": float(np.median(latency)) if latency else None,
         "confirmed_p90": float(np.percentile(latency, 90)) if latency else None,
         "confirmed_max": float(max(latency)) if latency else None,
-        "longest_gap": longest_gap(event_times(record), speech),
-        "longest_gap_touching": longest_gap_touching(event_times(record), speech),
+        "longest_gap": longest_gap(events, speech),
+        "longest_gap_touching": longest_gap_touching(events, speech),
         "done_after_end": record.done_s - record.audio_s,
         "hypothesis_median": float(np.median(first_seen)) if first_seen else None,
         "last_word": (last[0] - last[1][2]) if last else None,
@@ -245,7 +246,7 @@ def metrics(record: Record, reference: str, speech: list[tuple[float, float]]) -
         "cpu_per_audio_s": record.cpu_s / record.audio_s,
         "load": list(record.load),
         "text": text,
-        "event_times": [round(t, 3) for t in event_times(record)],  # for the gaps, recomputed from the JSON
+        "event_times": [round(t, 3) for t in events],  # for the gaps, recomputed from the JSON
     }
 
 
