@@ -256,7 +256,7 @@ def decode_windows(model: WhisperaneModel, enc: CrossAttention, options: Decodin
 
 def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[list[int]], cross) -> None:
     """Each row's own prompt into its cache, a row at a time: one padded call for all rows is slower and holds
-    more (benchmarks/results/2026-12-01-lanes.md)."""
+    more."""
     for r, head in enumerate(heads):
         if head:
             with model.decoding_state(1) as alone:
@@ -289,7 +289,7 @@ def _prefill(model: WhisperaneModel, state: DecoderState, enc: CrossAttention, p
     """Fill the cache with the forced prefix (once, then copied to every row); return (logits that pick the
     first token [V], their alignment row [A, F], no-speech probability). A one-row state (greedy) takes the
     prefix itself: a second state only for the prefix would be one more cache resident for the whole run and a
-    copy per window (benchmarks/results/2026-12-03-session16-prefix-state.md)."""
+    copy per window."""
     with contextlib.nullcontext(state) if state.batch == 1 else model.decoding_state(1) as batch1:
         initial, table_positions = plan.initial, 0
         if options.prefill == "table" and plan.sot_index == 0:

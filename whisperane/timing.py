@@ -74,8 +74,7 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     # each window's median is its own extra value clamped to [lo, hi]. The core's middle pair comes from a sorting
     # network (min/max over whole arrays, so the result is exactly one of the inputs) run once for two outputs:
     # half the array operations of a network per window. Rows go through in blocks whose lanes stay in the core's
-    # cache; the network works in place on copies of the core's lanes and one spare array (no allocation per
-    # operation; benchmarks/results/2026-12-05-session26-host-timing.md).
+    # cache; the network works in place on copies of the core's lanes and one spare array.
     spare = np.empty((_MEDIAN_ROWS, pairs), dtype=rows.dtype)
     for first in range(0, rows.shape[0], _MEDIAN_ROWS):
         block = padded[first : first + _MEDIAN_ROWS]
@@ -90,7 +89,7 @@ def median_filter(x: np.ndarray, filter_width: int) -> np.ndarray:
     return out[:, :n].reshape(x.shape)
 
 
-_MEDIAN_ROWS = 16  # 16 x 750 float32 a lane, cache-sized (benchmarks/results/2026-12-01-encoder-mha.md)
+_MEDIAN_ROWS = 16  # 16 x 750 float32 a lane, cache-sized
 
 
 def _middle_pair(network: list[tuple[int, bool, bool]], core: list[np.ndarray], spare: np.ndarray
@@ -138,7 +137,7 @@ def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     counts the clips where it does not; tests/dtw_reference.py holds openai's rule).
 
     Written here rather than imported: dtw-python imports scipy.spatial (a large part of a short file's run and
-    of an install: benchmarks/results/2026-12-01-encoder-mha.md), and its cost-matrix kernel is the only part needed.
+    of an install), and its cost-matrix kernel is the only part needed.
     """
     x = np.ascontiguousarray(cost, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:

@@ -55,7 +55,6 @@ def transcribe(
     result = _transcribe_in_mode(model, audio, options, progress, on_segment)
     # after it, on this thread: the transcript's words are the speech to embed (no VAD pass of its own), and beside
     # the transcription on a thread of its own it costs the decoder loop more than its own time
-    # (benchmarks/results/2026-12-06-session34-diarize.md)
     turns = diarize(open_again, result, options.speaker_count)
     return with_speakers(result, turns, model.tokenizer(result.language, options.task))
 

@@ -36,8 +36,7 @@ def weighted_values(w: Tensor, v: Tensor) -> Tensor:
 
     Computed as w @ v^T, transposed after: ``v @ w^T`` becomes ONNX Runtime's FusedMatMul(v, w, transB), whose
     CPU kernel packs w for a product of one column when Tq = 1 (the one-token step): slower than this form at
-    one row and at 8; w @ v^T is faster for prompts as well
-    (benchmarks/results/2026-12-03-session18-weighted-values.md)."""
+    one row and at 8; w @ v^T is faster for prompts as well."""
     return torch.matmul(w, v.transpose(2, 3)).transpose(2, 3)
 
 
@@ -112,8 +111,7 @@ def self_attention(sdpa: str, n_head: int, layout: str) -> Callable[[Tensor, Ten
     """Self-attention as a function of the q, k, v projections in ``layout`` (the encoder's), output in ``layout``:
     one of SDPA_IMPLEMENTATIONS between the head split and merge, or (``"mha"``, BTC only) ONNX Runtime's
     MultiHeadAttention on the projections as they are, exported as one node. Its CPU kernel keeps the
-    [H, 1500, 1500] scores out of memory; the chunked MatMul/Softmax/MatMul form is slower per layer
-    (benchmarks/results/2026-12-01-encoder-mha.md)."""
+    [H, 1500, 1500] scores out of memory; the chunked MatMul/Softmax/MatMul form is slower per layer."""
     if sdpa == "mha":
         if layout == "ane":
             raise ValueError("mha is ONNX Runtime's operator, for the BTC layout")

@@ -55,8 +55,7 @@ def _kept(x: Tensor, shape: tuple[int, ...]) -> list[int]:
 class _Reshape(torch.autograd.Function):
     """``x`` to ``shape``, where KEEP takes the input's size at that index: exported as one Reshape with a
     constant target. ``x.reshape(x.shape[0], ...)`` is traced into Shape/Gather/Unsqueeze/Concat chains that ONNX
-    Runtime runs on every call where the batch or token count is dynamic (most of the one-token step's nodes:
-    benchmarks/results/2026-12-05-session22-xeon-amx.md)."""
+    Runtime runs on every call where the batch or token count is dynamic (most of the one-token step's nodes)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, shape: tuple[int, ...]) -> Tensor:  # noqa: ARG004
@@ -192,8 +191,7 @@ class TextLogprobs(torch.autograd.Function):
     probability is below e^-88, which then comes out as 0. The sum goes in blocks (``sum_blocks``): ONNX
     Runtime's ReduceSum adds a row's 50k terms one by one in float32, its LogSoftmax has an approximate
     exponential (the normaliser too small on every row of real logits), a MatMul with ones would prepack a B
-    of its own; blocks of ~3k terms, then the blocks' sums, come close to float64 with no extra weights
-    (benchmarks/results/2026-12-03-alignment-logprobs.md).
+    of its own; blocks of ~3k terms, then the blocks' sums, come close to float64 with no extra weights.
     """
 
     @staticmethod

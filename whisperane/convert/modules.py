@@ -366,11 +366,11 @@ class TextDecoderSequence(TextDecoderBase):
         # others T; a call that reads the weights (first = 0) gives [B, A, T, F] in this memory order (the host's
         # reshape, ``runtime.decoder_adapters.SequenceGraph.alignment``). Gathering the other layers' rows to match
         # the last layer's would add nodes to every one-token step, and slicing them after their Gather would raise
-        # the peak (benchmarks/results/2026-12-05-session23-prompt-tail.md).
+        # the peak.
         frames = int(align[0].shape[3])
         weights = torch.cat([reshape(a, KEEP, -1, frames) for a in align], dim=1)
         # ONNX Runtime runs every node whatever outputs are asked for: a prompt's vocabulary projection, which
-        # nothing reads, would be much of the call (benchmarks/results/2026-12-05-session23-prompt-tail.md).
+        # nothing reads, would be much of the call.
         logits, logprobs = self.logits_and_logprobs(x, logit_positions, logprob_positions, logprob_tokens)
         return logits, torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), weights, logprobs
 

@@ -21,7 +21,7 @@ Only the BTC-layout graphs have such MatMuls: the ANE layout's 1x1 convolutions 
 Encoder (:func:`quantize_dynamic_int8`): ``MatMulNBits`` computes one token at a time well but is slower than
 fp32 GEMM on 1500 frames (AVX2), so the encoder's MatMuls use ONNX Runtime's dynamic quantization instead
 (int8 activations per tensor, 7-bit weights per output channel so that AVX2's u8 x s8 pair sums cannot
-saturate): faster than the fp32 GEMM (benchmarks/results/2026-12-01-roofline.md). The MLPs' second projections
+saturate): faster than the fp32 GEMM. The MLPs' second projections
 quantize their activations per row (ENCODER_ROW_QUANTIZED).
 """
 
@@ -149,7 +149,7 @@ def quantize_int8(src: Path, dst: Path, block_size: int = 32, host_embedding: Pa
 # The MLPs' second projections get int8 activations with a scale and zero point per row (frame) instead of the
 # dynamic quantization's one per tensor: their input (GELU's output) has its outliers in a few frames, so one
 # scale for the whole tensor leaves little resolution for the rest; with one scale per tensor they would have to
-# stay float32 (benchmarks/results/2026-12-03-session19-row-quantized-fc2.md).
+# stay float32.
 ENCODER_ROW_QUANTIZED = "/mlp/fc2/"
 WEIGHT_LEVELS = 63  # 7-bit weights: AVX2's u8 x s8 pair sums (vpmaddubsw) cannot saturate
 

@@ -25,7 +25,7 @@ from .buffer import decode_buffer, encode_buffer
 from .events import StreamEvent, ends_sentence, result_of, words_text
 
 # Word times from the cross-attention gathered while decoding, not a second (teacher-forced) decoder pass: the
-# same text for 5.6 % less CPU an update (benchmarks/results/2026-12-05-live.md); a stream may still ask for it.
+# same text for less CPU an update; a stream may still ask for it.
 STREAM_ALIGNMENT = "decode"
 # Characters of confirmed text before the buffer that prompt each decoding (whisper_streaming's 200).
 PROMPT_CHARS = 200
@@ -38,7 +38,7 @@ RECHECK_S = 0.5
 # A pause this long, with every word before it confirmed, empties the buffer (but for LEAD_IN_S): the next words are
 # decoded after the prompt alone, as a file's next window is. Where the old sentence stays in the buffer, before a
 # silence, the decoder often ends the text with it and leaves the new words undecoded for several updates, or for
-# good (benchmarks/results/2026-12-06-session36-live.md).
+# good.
 LONG_PAUSE_S = 1.0
 # Where no update fell inside the pause (a slow update, a long min_chunk), the new voice is found after a pause this
 # long: longer than an orator's pause inside a sentence (JFK's: 1.06-1.09 s), where a cut would lose the audio's

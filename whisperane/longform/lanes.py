@@ -39,7 +39,7 @@ from .window import Window
 from .words import restore_timestamps
 
 # A lane starts without previous text, which costs accuracy: lanes of at least two windows of speech keep that to
-# a few windows of a long file (benchmarks/results/2026-12-01-lanes.md).
+# a few windows of a long file.
 MIN_LANE_SECONDS = 60.0
 
 
@@ -61,7 +61,7 @@ def lane_regions(regions: Sequence[SpeechRegion], count: int,
 # A lane starts without the previous text and the lane before it stops at the cut: cut where the speaker
 # pauses. A pause of GOOD_PAUSE (0.8 s) is as good a cut as a longer one; each lane's speech stays within
 # LANE_SPREAD of an equal share, since the longest lane sets batched mode's wall time and regions of up to 30 s
-# leave little choice within a tighter spread (benchmarks/results/2026-12-02-lane-cuts.md).
+# leave little choice within a tighter spread.
 GOOD_PAUSE = 25
 LANE_SPREAD = (0.5, 1.3)
 

@@ -38,7 +38,7 @@ from .words import duration_limits, spread_by_characters
 
 # 1.5 s of voiced frames (vad.VOICED) between two words, or before the first or after the last: speech the
 # decoding skipped: about twice the longest voiced stretch without words in good transcripts (DTW's word edges
-# and pauses the VAD still calls voice), far below the skips seen (benchmarks/results/2026-12-01-guard.md).
+# and pauses the VAD still calls voice), far below the skips seen.
 GUARD_MIN_SPEECH_FRAMES = 150
 
 # Voice after a window's last word that the seek passes over: 0.5 s, a word or two, is speech lost at the end of

@@ -44,8 +44,7 @@ class VoiceCheck:
 
 class VoiceOnDemand(VoiceCheck):
     """The VAD run on the stretch itself, only when the guard asks (a long stretch without words, a segment whose
-    word times look wrong): most windows of speech have none, so the guard costs little
-    (benchmarks/results/2026-12-01-guard.md).
+    word times look wrong): most windows of speech have none, so the guard costs little.
 
     Without the VAD model (not cached, and PyPI out of reach) the guard is off, with one warning."""
 

@@ -100,7 +100,7 @@ class OnnxComponent:
     Graph optimization of a large model costs more than running it once: the first load saves the optimized
     graph (``.ort-cache/`` beside the component) with its weights in an external file, prepacked for this
     CPU's kernels, and later loads map it as it is. A cached ORT-format graph would repack the weights on every
-    load: this is faster and lower at the peak, for twice the disk (benchmarks/results/2026-12-02-startup.md).
+    load: this is faster and lower at the peak, for twice the disk.
     """
 
     def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None,
@@ -332,8 +332,7 @@ def map_large_allocations(threshold: int = 128 * 1024) -> None:
     """Every allocation of ``threshold`` bytes or more in a mapping of its own, unmapped when freed (glibc's
     ``mallopt``; a no-op elsewhere). By default glibc raises that threshold to the size of each large block
     freed, so that a process allocating and freeing the same large arrays keeps them in its heaps; a server's
-    requests, on several threads, leave those heaps holding the largest of each (the peak resident set under
-    8 clients, benchmarks/results/2026-12-06-session31-server.md). Set once, before serving."""
+    requests, on several threads, leave those heaps holding the largest of each. Set once, before serving."""
     set_malloc_option(M_MMAP_THRESHOLD, threshold)
 
 
@@ -345,8 +344,7 @@ def heap_keeps_large_blocks(largest_block: int = 1 << 30, trim: int = 4 << 30, t
 
     For work that allocates and frees the same large arrays over and over, as a conversion does: by default glibc
     maps each block above its threshold (at most 32 MiB) on its own and unmaps it when freed, and trims the heap's
-    free top, so the next array is faulted in page by page again; that took a third of a conversion's CPU
-    (benchmarks/results/2026-12-06-session35-ci-time.md)."""
+    free top, so the next array is faulted in page by page again; that took a third of a conversion's CPU."""
     before = {option: _MALLOC_OPTIONS.get(option, default) for option, default in _GLIBC_DEFAULTS.items()}
     try:
         for option, value in {M_MMAP_THRESHOLD: largest_block, M_TRIM_THRESHOLD: trim, M_TOP_PAD: top_pad}.items():

@@ -90,8 +90,8 @@ def choose_kind(info: BundleInfo, executor: str, compute_type: str) -> BundleKin
 
 # The component whose calls follow one another, the one-token steps' ("decoder"; with int8 weights it also takes
 # the multi-token calls): its ONNX Runtime threads spin between calls. The others' threads sleep when a call ends,
-# since another component runs next: one component's spinning threads slow the next one on the same cores
-# (benchmarks/results/2026-12-03-session18-weighted-values.md); the float32 kind's separate multi-token decoder
+# since another component runs next: one component's spinning threads slow the next one on the same cores;
+# the float32 kind's separate multi-token decoder
 # ("sequence") runs the prompt before the steps and the alignment pass before the next window's log-mel.
 SPINNING_ROLES = ("decoder",)
 
@@ -137,8 +137,7 @@ class IdleWeights:
     """One model's components arranged so that the resident set holds one component's weights, not all of them:
     the decoders' weights leave it for each encoder call, the encoder's after it (``Component.release_weights``;
     the next call maps them back from the page cache). Made for one model at load time (it keeps that model's
-    decoders); the peak of a transcription is lower by about one component's weights, at no measured cost in time
-    (benchmarks/results/2026-12-03-session17-avx2.md, 2026-12-06-session33-renovation.md).
+    decoders); the peak of a transcription is lower by about one component's weights, at no measured cost in time.
 
     Nothing here is serialized: where several threads share the model, one thread's release only costs another's
     running call the page faults that map the weights back."""

@@ -66,7 +66,7 @@ class DecoderState:
         """The caches and the padding mask as a decoder call takes them. A graph whose cache length is free
         (``any_length``: TextDecoderSequence) gets none of the S positions while every row is empty: a
         window's prompt and its alignment pass then attend over their own tokens alone, not S masked positions
-        besides (faster, the same outputs: benchmarks/results/2026-12-05-session22-xeon-amx.md)."""
+        besides (faster, the same outputs)."""
         if any_length and not self.lengths.any():
             return {**{n: c[..., :0] for n, c in self.cache_feeds.items()}, PADDING_MASK: self.padding[:, :0]}
         return {**self.cache_feeds, PADDING_MASK: self.padding}
@@ -222,8 +222,8 @@ class _FlatCaches:
 class GrowingState(DecoderState):
     """A ``DecoderState`` whose caches hold only the positions its rows have reached, rounded up to
     CAPACITY_BLOCK, for graphs that take caches of any length (TextDecoderSequence): a one-token step
-    then reads the filled part of each cache rather than all S positions (every output byte-identical:
-    benchmarks/results/2026-12-05-session25-filled-caches.md). The caches are
+    then reads the filled part of each cache rather than all S positions (every output byte-identical).
+    The caches are
     views of ``_FlatCaches``; a write past the capacity lays every row out again, larger, in place (a few
     times a window). ``first_rows`` views share the buffers and follow their layout."""
 

@@ -6,11 +6,10 @@ caller needs (the command line loads its model without them):
 
 - One encoder call at a time, on all the workers' cores (``EncoderTurn``): a call on all of them is about as fast
   as one per core side by side (its matrix products divide evenly), a call alone is that much sooner, and its
-  activations (every head's attention scores are a window's largest array) are held once, not once per worker
-  (benchmarks/results/2026-12-06-session31-server.md). One turn for every model the server loads: they share
+  activations (every head's attention scores are a window's largest array) are held once, not once per worker. One turn for every model the server loads: they share
   the cores.
 - The idle components' weights out of the resident set (``runtime.sessions.IdleWeights``), inside the turn: the
-  peak holds one component's weights (benchmarks/results/2026-12-03-session17-avx2.md).
+  peak holds one component's weights.
 - A request alone decodes on all the cores (``WhenAlone``): the decoder is opened a second time on the encoder's
   threads, and each call runs on it while one request is running, on the narrow one otherwise; a request alone
   would otherwise leave the other cores idle while it decodes (2026-12-06-session31-server.md).

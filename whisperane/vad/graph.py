@@ -4,7 +4,7 @@ ONNX Runtime runs 2-D convolutions with its blocked-channel (NCHWc) kernels and 
 im2col path. Silero's sequence model is 1-D convolutions over a few frames per 32 ms window (its STFT, then
 four encoder layers), and that path runs them far below the machine's rate. The same convolutions over a
 height-1 image, with the first encoder layer's 129 input channels zero-padded to a multiple of the kernels'
-channel block, run the call far faster (benchmarks/results/2026-12-02-startup.md); the probabilities move only by
+channel block, run the call far faster; the probabilities move only by
 float rounding (the LSTM carries its state across calls; tests/test_vad.py holds the bound).
 
 The rewrite needs the ``onnx`` package (the build side's). Without it the model runs as published: the same
