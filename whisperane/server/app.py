@@ -26,11 +26,13 @@ from ..result import TranscriptionResult
 from .access import AccessMiddleware
 from .config import ServerConfig
 from .deadlines import paced, shutting_down
+from .models import FIRST_MODEL_ID
 from .openai_api import (
     ApiError,
     RequestOptions,
     Upload,
     decode_upload,
+    loaded_model_id,
     options_error,
     read_upload,
     render,
@@ -78,7 +80,7 @@ class Server:
         self.live: set[LiveSession] = set()
 
     def model(self, model_id: str) -> WhisperaneModel:
-        return next(iter(self.models.values())) if model_id == "whisper-1" else self.models[model_id]
+        return next(iter(self.models.values())) if model_id == FIRST_MODEL_ID else self.models[model_id]
 
     def reserve(self) -> Slot:
         try:
@@ -256,9 +258,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str):
-        if model_id != "whisper-1" and model_id not in server.models:
-            raise ApiError(404, f"the model '{model_id}' is not loaded", param="model", code="model_not_found")
-        return _model_card(model_id, server)
+        return _model_card(loaded_model_id(model_id, list(server.models)), server)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):

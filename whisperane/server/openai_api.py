@@ -19,13 +19,13 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from .. import OptionsError
 from ..audio import SAMPLE_RATE, open_audio
-from ..errors import WhisperaneError
+from ..errors import OptionsError, WhisperaneError
 from ..result import Segment, SpeakerWord, TranscriptionResult, Word
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
 from .config import MAX_BATCH_SIZE, MAX_BEAM_SIZE
+from .models import FIRST_MODEL_ID
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 GRANULARITIES = ("word", "segment")
@@ -261,6 +261,15 @@ def _number(name: str, value: str, kind: type) -> float | int:
         raise ApiError(400, f"{name} must be a number, not {value!r}", param=name) from None
 
 
+def loaded_model_id(requested: str | None, model_ids: list[str]) -> str:
+    """The id of a loaded model a request names (none: ``whisper-1``); 404 for any other."""
+    model = requested or FIRST_MODEL_ID
+    if model != FIRST_MODEL_ID and model not in model_ids:
+        raise ApiError(404, f"the model '{model}' is not loaded; loaded: {', '.join(model_ids)} "
+                       f"({FIRST_MODEL_ID}: the first)", param="model", code="model_not_found")
+    return model
+
+
 def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestOptions:
     """The request's options from its form fields; 400 for an unknown field or value, 404 for an unknown model."""
     allowed = set(OPENAI_FIELDS) | set(EXTRA_OPTIONS)
@@ -271,10 +280,7 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
             raise ApiError(400, f"unknown option '{name}'", param=name, code="unknown_parameter")
     if upload.path is None:
         raise ApiError(400, "no audio file: send it as the multipart field 'file'", param="file")
-    model = upload.value("model") or "whisper-1"
-    if model != "whisper-1" and model not in model_ids:
-        raise ApiError(404, f"the model '{model}' is not loaded; loaded: {', '.join(model_ids)} (whisper-1: the first)",
-                       param="model", code="model_not_found")
+    model = loaded_model_id(upload.value("model"), model_ids)
     response_format = upload.value("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, f"unknown response_format '{response_format}'; one of {', '.join(RESPONSE_FORMATS)}",

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import WhisperaneError
 from ..loading import load_model
 from ..runtime.sessions import Around, IdleWeights, Reopen, Wrap
-from .models import model_id
+from .models import FIRST_MODEL_ID, model_id
 
 if TYPE_CHECKING:  # imported for annotations only
     from ..runtime.executors import Component
@@ -52,7 +52,7 @@ class Schedule:
         models: dict[str, WhisperaneModel] = {}
         for name in names:
             key = model_id(name)
-            if key in models or key == "whisper-1":
+            if key in models or key == FIRST_MODEL_ID:
                 raise WhisperaneError(f"two models would have the id '{key}'")
             models[key] = self.load_model(name)
         return models

@@ -26,7 +26,7 @@ from .. import WhisperaneError
 from ..audio import SAMPLE_RATE
 from ..live import LiveTranscriber
 from .deadlines import shutting_down, within
-from .openai_api import ApiError
+from .openai_api import ApiError, loaded_model_id
 from .workers import Cancelled, Slot
 
 SUBPROTOCOL = "whisperane"
@@ -85,9 +85,7 @@ def _stream_options(websocket: WebSocket, server) -> tuple[object, dict]:
     for name in params:
         if name not in LIVE_OPTIONS:
             raise ApiError(400, f"unknown option '{name}'", param=name, code="unknown_parameter")
-    model_id = params.get("model") or "whisper-1"
-    if model_id != "whisper-1" and model_id not in server.models:
-        raise ApiError(404, f"the model '{model_id}' is not loaded", param="model", code="model_not_found")
+    model_id = loaded_model_id(params.get("model"), list(server.models))
     options = {"language": params["language"]} if params.get("language") else {}
     return server.model(model_id), options
 
