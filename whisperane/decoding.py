@@ -150,6 +150,20 @@ def detect_language(model: WhisperaneModel, enc: CrossAttention, tokenizer: Toke
     return codes[int(np.argmax(p))], probs
 
 
+def choose_language(model: WhisperaneModel, enc: CrossAttention | None, language: str | None,
+                    task: str) -> tuple[Tokenizer, dict[str, float] | None]:
+    """The tokenizer of ``language``, or of the one detected on ``enc`` (a multilingual model without a
+    language; English when there is nothing to detect from: the transcript will be empty), and the detected
+    language's probabilities (None where nothing was detected)."""
+    probs = None
+    if model.is_multilingual and language is None:
+        if enc is not None:
+            language, probs = detect_language(model, enc, model.tokenizer())
+        else:
+            language = "en"
+    return model.tokenizer(language=language, task=task), probs
+
+
 # --- the window decoder ---------------------------------------------------------------------------------
 
 
@@ -212,11 +226,11 @@ def decode(model: WhisperaneModel, enc: CrossAttention, options: DecodingOptions
            tokenizer: Tokenizer | None = None, language_probs: dict[str, float] | None = None) -> DecodingResult:
     """Decode one window whose encoder output is ``enc``."""
     options = options or DecodingOptions()
-    language = options.language
-    if model.is_multilingual and language is None:
-        language, language_probs = detect_language(model, enc, tokenizer or model.tokenizer())
-    if tokenizer is None or tokenizer.language != (language if model.is_multilingual else "en") or tokenizer.task != options.task:
-        tokenizer = model.tokenizer(language=language, task=options.task)
+    if model.is_multilingual and options.language is None:
+        tokenizer, language_probs = choose_language(model, enc, None, options.task)
+    elif tokenizer is None or tokenizer.language != (options.language if model.is_multilingual else "en") \
+            or tokenizer.task != options.task:
+        tokenizer = model.tokenizer(language=options.language, task=options.task)
     plan = plan_window(model, options, tokenizer)
     beam = options.beam_size if options.temperature == 0 and options.beam_size else None
     n_group = beam or ((options.best_of or 5) if options.temperature > 0 else 1)

@@ -99,13 +99,19 @@ class TranscriptionResult:
             totals[turn.speaker] = totals.get(turn.speaker, 0.0) + turn.end - turn.start
         return {speaker: round(totals[speaker], 3) for speaker in sorted(totals)}
 
+    @property
+    def speaker_summary(self) -> list[dict] | None:
+        """``speakers`` as the JSON writes it (and the server's verbose_json): [{"speaker", "duration"}, ...]."""
+        speakers = self.speakers
+        return None if speakers is None else [{"speaker": k, "duration": v} for k, v in speakers.items()]
+
     def to_dict(self) -> dict:
         d = {"text": self.text, "language": self.language, "duration": self.duration,
              "segments": [s.to_dict() for s in self.segments]}
         if self.language_probs is not None:
             d["language_probs"] = dict(sorted(self.language_probs.items(), key=lambda kv: -kv[1])[:5])
         if self.speaker_turns is not None:
-            d["speakers"] = [{"speaker": k, "duration": v} for k, v in self.speakers.items()]
+            d["speakers"] = self.speaker_summary
             d["speaker_turns"] = [asdict(t) for t in self.speaker_turns]
         return d
 

@@ -34,6 +34,12 @@ PUNCTUATION = PREPEND_PUNCTUATIONS + APPEND_PUNCTUATIONS
 SENTENCE_END_MARKS = ".。!！?？"
 
 
+def is_punctuation_only(word: str) -> bool:
+    """Whether a decoded word is punctuation alone (or nothing): what the decoder writes into noise, and the lone "."
+    it writes at the end of a live buffer over speech it cannot read yet."""
+    return not word.strip().strip(PUNCTUATION)
+
+
 class WordTokenizer(Protocol):
     """The part of the tokenizer this module needs (openai-whisper's Tokenizer API)."""
 
@@ -370,6 +376,7 @@ __all__ = [
     "alignment_matrix",
     "dtw",
     "find_alignment",
+    "is_punctuation_only",
     "median_filter",
     "merge_punctuations",
 ]

@@ -16,7 +16,7 @@ from ..options import TranscribeOptions
 from ..result import Word
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
-from ..timing import PUNCTUATION
+from ..timing import is_punctuation_only
 from ..tokenizer import Tokenizer
 
 # An update never runs openai's whole fallback (six temperatures, best-of-5 sampling from the second: seconds with
@@ -62,16 +62,10 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     words: list[Word] = []
     ends: set[int] = set()
     for segment in outcome.segments:
-        words.extend(replace(w, probability=round(w.probability, 4)) for w in segment.words or () if has_letters(w))
+        words.extend(replace(w, probability=round(w.probability, 4)) for w in segment.words or () if not is_punctuation_only(w.word))
         if words:
             ends.add(len(words) - 1)
     return BufferDecoding(tuple(words), frozenset(ends))
-
-
-def has_letters(word: Word) -> bool:
-    """Whether a decoded word is more than punctuation: at a buffer's end the decoder writes a lone "." over
-    speech it cannot read yet, which would be confirmed over (and hide) the words decoded there later."""
-    return bool(word.word.strip().strip(PUNCTUATION))
 
 
 def update_tokens(n_samples: int) -> int:

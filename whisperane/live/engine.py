@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from ..decoding import detect_language
+from ..decoding import choose_language
 from ..errors import OptionsError
 from ..options import TranscribeOptions, check_options_for_model
 from ..result import TranscriptionResult, Word
@@ -151,7 +151,7 @@ class LiveTranscriber:
 
     def result(self) -> TranscriptionResult:
         """The confirmed words as ``transcribe()``'s result."""
-        tokenizer = self._tokenizer or self.model.tokenizer(self.options.language or "en", self.options.task)
+        tokenizer = self._tokenizer or choose_language(self.model, None, self.options.language, self.options.task)[0]
         return result_of(self._confirmed, tokenizer, self.audio_time)
 
     # --- one update -----------------------------------------------------------------------------------
@@ -288,8 +288,7 @@ class LiveTranscriber:
         voice paused: then it keeps it."""
         if self._tokenizer is not None:
             return self._tokenizer, True
-        language, _ = detect_language(self.model, enc, self.model.tokenizer())
-        tokenizer = self.model.tokenizer(language, self.options.task)
+        tokenizer, _ = choose_language(self.model, enc, None, self.options.task)
         if self._voice.voiced_seconds() >= LANGUAGE_VOICE_S or self._voice.pause_seconds() >= self.live.pause:
             self._tokenizer = tokenizer
         return tokenizer, self._tokenizer is not None

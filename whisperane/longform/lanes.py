@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..audio import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, AudioStream
-from ..decoding import decode_windows
+from ..decoding import choose_language, decode_windows
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments
 from ..runtime.model import WhisperaneModel
@@ -33,7 +33,7 @@ from ..tokenizer import Tokenizer
 from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, speech_regions
 from ..vad.silero import default_vad
 from ..vad.stream import SpeechStream
-from .seek import SeekLoop, choose_language, empty_result
+from .seek import SeekLoop, empty_result
 from .vad_filter import vad_options
 from .window import Window
 from .words import restore_timestamps
@@ -259,7 +259,7 @@ class _Rounds:
         self.rows = model.encode_rows([w.mel for _, w in batch], self.rows)  # one batch of arrays for every step
         enc = self.rows.first_rows(len(batch))
         if self.tokenizer is None:  # the first step: the language, from the first lane's first window
-            self.tokenizer, self.language_probs = choose_language(model, enc.row(0), options)
+            self.tokenizer, self.language_probs = choose_language(model, enc.row(0), options.language, options.task)
             self.decoding = options.decoding(options.temperature[0], self.tokenizer.language, None, seed=0)
             for loop in self.lanes:
                 loop.begin(self.tokenizer, self.language_probs)

@@ -9,11 +9,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, AudioStream
-from ..decoding import DecodingResult, detect_language
+from ..decoding import DecodingResult, choose_language
 from ..errors import WhisperaneError
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments, rounded
-from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
 from .speech_guard import SpeechGuard
@@ -27,20 +26,6 @@ if TYPE_CHECKING:  # the VAD package is imported where it is used (vad_filter, b
 def empty_result(model: WhisperaneModel, options: TranscribeOptions, duration: float) -> TranscriptionResult:
     """The transcript of audio without speech: empty, not an error."""
     return result_from_segments([], model.tokenizer(options.language or "en", options.task), duration, None, options.word_timestamps)
-
-
-def choose_language(model: WhisperaneModel, enc: CrossAttention | None,
-                    options: TranscribeOptions) -> tuple[Tokenizer, dict[str, float] | None]:
-    """The tokenizer of the given language, or of the one detected on ``enc`` (a multilingual model without a
-    language; English when there is nothing to detect from: the transcript will be empty), and the detected
-    language's probabilities."""
-    language, probs = options.language, None
-    if model.is_multilingual and language is None:
-        if enc is not None:
-            language, probs = detect_language(model, enc, model.tokenizer())
-        else:
-            language = "en"
-    return model.tokenizer(language=language, task=options.task), probs
 
 
 class SeekLoop:
@@ -162,7 +147,7 @@ class SeekLoop:
             size = min(N_FRAMES, self.content_frames)
             self.first_window = Window(0, size, *read_window(self.model, self.stream, 0, size, self.file_peak))
             enc = self.first_window.enc
-        tokenizer, self.language_probs = choose_language(self.model, enc, self.options)
+        tokenizer, self.language_probs = choose_language(self.model, enc, self.options.language, self.options.task)
         return tokenizer
 
     def _next_window(self, encode: bool = True) -> Window | None:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH
-from ..timing import PUNCTUATION
+from ..timing import is_punctuation_only
 from .hallucinations import is_segment_anomaly
 from .voice import VoiceCheck, VoiceOnDemand, VoiceRegions
 from .window import Window
@@ -149,7 +149,7 @@ def is_suspect(segment: dict, max_duration: float) -> bool:
     words = segment.get("words") or []
     stretched = max(STRETCHED_MIN_S, max_duration)
     return (not words or is_segment_anomaly(segment) or any(x["end"] - x["start"] > stretched for x in words)
-            or not any(x["word"].strip().strip(PUNCTUATION) for x in words))
+            or all(is_punctuation_only(x["word"]) for x in words))
 
 
 def _heard(runs: list[tuple[int, int]], a: int, b: int) -> bool:

@@ -350,8 +350,8 @@ def verbose_json(result: TranscriptionResult, options: RequestOptions, task: str
         body["segments"] = [_segment(s) for s in result.segments]
     if "word" in options.granularities:
         body["words"] = [_word(w) for s in result.segments for w in s.words or ()]
-    if result.speakers is not None:
-        body["speakers"] = [{"speaker": k, "duration": v} for k, v in result.speakers.items()]
+    if result.speaker_turns is not None:
+        body["speakers"] = result.speaker_summary
     return body
 
 
