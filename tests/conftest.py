@@ -242,7 +242,7 @@ def teacher_forced_tokens(bundle: Path, clip: Clip) -> list[int]:
 @pytest.fixture(scope="session")
 def tiny_int8_model(tiny_en_bundle):
     """tiny.en with the int8 decoders (the CPU default), two threads."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     return load_model(tiny_en_bundle, threads=2, compute_type="int8")
 
@@ -250,7 +250,7 @@ def tiny_int8_model(tiny_en_bundle):
 @pytest.fixture(scope="session")
 def base_int8_model(base_bundle):
     """base with the int8 decoders (the CPU default), two threads."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     return load_model(base_bundle, threads=2, compute_type="int8")
 
@@ -258,7 +258,7 @@ def base_int8_model(base_bundle):
 @pytest.fixture(scope="session")
 def tiny_float32_model(tiny_en_bundle):
     """tiny.en in float32, two threads (the model faster-whisper's float32 transcripts are compared with)."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     return load_model(tiny_en_bundle, threads=2, compute_type="float32")
 
@@ -266,7 +266,7 @@ def tiny_float32_model(tiny_en_bundle):
 @pytest.fixture(scope="session")
 def base_float32_model(base_bundle):
     """base in float32, two threads."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     return load_model(base_bundle, threads=2, compute_type="float32")
 
@@ -322,7 +322,7 @@ def corpus_transcripts(tiny_int8_model, base_int8_model) -> list[CorpusTranscrip
 def model(tiny_en_bundle):
     """tiny.en as ``load_model`` gives it by default (the CPU's compute type, all cores), shared by the session: a
     loaded model holds no decoding state (every call takes its own), and loading it costs about a second."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     return load_model(tiny_en_bundle)
 
@@ -333,7 +333,7 @@ def run(model, monkeypatch, capsys):
     import whisperane.loading
     from whisperane import command as cli
 
-    monkeypatch.setattr(whisperane.loading, "load_model", lambda *a, **k: model)
+    monkeypatch.setattr(whisperane.loading, "open_model", lambda *a, **k: model)
 
     def run(*argv):
         code = cli.main(["transcribe", *map(str, argv)])

@@ -267,14 +267,14 @@ def test_write_failure_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch
 
 def test_unexpected_exception_is_one_line_and_the_batch_goes_on(run, tmp_path, monkeypatch):
     module = importlib.import_module("whisperane.transcribe")  # `whisperane.transcribe` is the function
-    real = module.transcribe
+    real = module.transcribe_with
 
-    def flaky(audio, *args, **kwargs):
+    def flaky(model, audio, *args, **kwargs):
         if str(audio).endswith("first.flac"):
             raise RuntimeError("simulated failure\nwith a second line")
-        return real(audio, *args, **kwargs)
+        return real(model, audio, *args, **kwargs)
 
-    monkeypatch.setattr(module, "transcribe", flaky)
+    monkeypatch.setattr(module, "transcribe_with", flaky)
     shutil.copy(SHORTER[0], tmp_path / "first.flac")
     shutil.copy(SHORTER[0], tmp_path / "second.flac")
     code, _, err = run(tmp_path / "first.flac", tmp_path / "second.flac", "-o", tmp_path / "out")

@@ -102,7 +102,7 @@ def _resident_kib(files) -> int:
 # idle weights released (the default) or kept: the peak resident set (VmHWM) and the words.
 PEAK = """
 import json, sys
-from whisperane.loading import load_model
+from whisperane import load_model
 from whisperane.runtime.sessions import keep_resident
 from whisperane.transcribe import transcribe
 
@@ -122,7 +122,7 @@ def test_releasing_idle_weights_lowers_the_peak_and_changes_nothing(tiny_en_bund
     result is the same to the last digit. The peak drops by most of the encoder's weights: 22 MB on an Intel Xeon
     without VNNI (191 -> 169 MB), 14.0-17.5 MiB in 8 pairs on a Xeon with AMX (184-190 -> 168-173 MiB, +-3 MiB
     within each mode), where a fixed 15 MiB floor failed 3 runs of 5; the floor is 60 % of the weights."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     load_model(tiny_en_bundle, compute_type="int8")  # the saved optimized graphs exist from here on
     audio = tiny_en_bundle.parents[1] / "examples" / "jfk.flac"
@@ -191,7 +191,7 @@ def test_each_session_releases_only_the_mappings_it_made(encoder_copy):
 def test_only_the_one_token_decoders_threads_spin_between_calls(tiny_en_bundle):
     """The one-token steps follow one another, so their session's threads wait spinning; every other component's
     next call is far off, and their spinning slowed the component that runs next (runtime.sessions.SPINNING_ROLES)."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
 
     def spins(component) -> str:
         return component.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")

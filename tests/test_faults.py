@@ -26,9 +26,9 @@ from conftest import CLIPS, CORPUS_DIR, DATA_DIR
 
 import whisperane.loading
 from whisperane import command as cli
+from whisperane import load_model
 from whisperane.contract import CONFIG_NAME
 from whisperane.errors import ModelError
-from whisperane.loading import load_model
 from whisperane.runtime.bundle import verify_bundle
 from whisperane.transcribe import transcribe
 from whisperane.util import file_sha256
@@ -308,7 +308,7 @@ def test_rerun_after_kill_transcribes_the_long_file(long_audio, model, tmp_path,
     out = tmp_path / "out"
     out.mkdir()
     (out / ".long.json.12345.abcd1234.tmp").write_text('{"text": "half')  # what a SIGKILL may leave behind
-    monkeypatch.setattr(whisperane.loading, "load_model", lambda *a, **k: model)
+    monkeypatch.setattr(whisperane.loading, "open_model", lambda *a, **k: model)
     code = cli.main(["transcribe", str(long_audio), "-o", str(out)])
     assert code == 0, capsys.readouterr().err
     data = json.loads((out / "long.json").read_text())

@@ -63,8 +63,8 @@ AUDIO = fuzz_audio()
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory, ct2_tiny_en_dir, ct2_base_dir):
     """Each fuzz shape converted (ONNX, default options) and loaded with the CPU's default compute type."""
+    from whisperane import load_model
     from whisperane.convert.pipeline import convert
-    from whisperane.loading import load_model
 
     root = tmp_path_factory.mktemp("fuzz")
     models = {}

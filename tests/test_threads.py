@@ -5,6 +5,7 @@ here)."""
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_model_loaded_as_the_server_loads_it_gives_the_one_thread_transcripts(
 
     def request(f):
         with schedule.request():
-            return served.transcribe(f).to_dict()
+            return whisperane.transcribe(f, model=served).to_dict()
 
     files = four_files()[:2]
     alone = [request(f) for f in files]
@@ -70,15 +71,14 @@ def test_a_model_loaded_as_the_server_loads_it_gives_the_one_thread_transcripts(
 
 def test_transcribe_by_name_loads_the_model_once(tiny_en_bundle, monkeypatch):
     first = whisperane.transcribe(str(DATA_DIR / "LJ001-0002.flac"), model=tiny_en_bundle)
-    from whisperane import loading
-
-    loads, load_model = [], loading.load_model
+    transcription = sys.modules["whisperane.transcribe"]  # the module: ``whisperane.transcribe`` is the function
+    loads, load_model = [], transcription.load_model
 
     def recording(*args, **kwargs):
         loads.append(args)
         return load_model(*args, **kwargs)
 
-    monkeypatch.setattr(loading, "load_model", recording)
+    monkeypatch.setattr(transcription, "load_model", recording)
     second = whisperane.transcribe(str(DATA_DIR / "LJ001-0002.flac"), model=tiny_en_bundle)
     assert loads == []  # the first call's model, reused
     assert first.to_dict() == second.to_dict()

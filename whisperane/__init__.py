@@ -7,15 +7,14 @@ from __future__ import annotations
 from .decoding import DecodingResult  # noqa: E402
 from .errors import AudioError, ModelError, OptionsError, OutputError, WhisperaneError  # noqa: E402
 from .live import LiveTranscriber, StreamEvent, stream  # noqa: E402
-from .loading import load_model  # noqa: E402
 from .options import DecodingOptions, TranscribeOptions  # noqa: E402
 from .result import Segment, TranscriptionResult, Word  # noqa: E402
 from .runtime.model import WhisperaneModel  # noqa: E402
-from .transcribe import transcribe  # noqa: E402
+from .transcribe import Whisper, load_model, transcribe  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = [
     "AudioError", "DecodingOptions", "DecodingResult", "LiveTranscriber", "ModelError", "OptionsError", "OutputError",
-    "Segment", "StreamEvent", "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "WhisperaneModel", "Word",
+    "Segment", "StreamEvent", "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "Whisper", "WhisperaneModel", "Word",
     "__version__", "load_model", "stream", "transcribe",
 ]

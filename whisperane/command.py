@@ -62,9 +62,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 def load_model_from_args(args: argparse.Namespace):
     """The model that ``add_model_arguments``' flags name."""
     from . import loading
+    from .runtime.sessions import IdleWeights
 
-    return loading.load_model(args.model, executor=args.executor, threads=args.threads or None,
-                              compute_units=args.compute_units, compute_type=args.compute_type)
+    # one file at a time: each component's weights leave the resident set while another runs
+    return loading.open_model(args.model, executor=args.executor, threads=args.threads or None,
+                              compute_units=args.compute_units, compute_type=args.compute_type, wrap=IdleWeights())
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class _FileRunner:
 
     def __call__(self, job: _Job, clashes: dict[str, str]) -> None:
         from .audio import open_audio
-        from .transcribe import transcribe  # looked up at each call: tests replace it in its module
+        from .transcribe import transcribe_with  # looked up at each call: tests replace it in its module
 
         path, args, t0 = job.path, self.args, time.time()
         if os.path.isdir(path):
@@ -200,7 +202,7 @@ class _FileRunner:
         self.model = self.model or self._load()
         bar = progress_bar(args.progress, duration, path)
         try:  # by path: transcribe() reads it twice (the file's log-mel peak first, as openai-whisper floors it)
-            result = transcribe(path, self.model, progress=bar.update if bar else None, **self.options.to_kwargs())
+            result = transcribe_with(self.model, path, self.options, progress=bar.update if bar else None)
         finally:
             if bar:
                 bar.close()

@@ -16,6 +16,7 @@ import numpy as np
 
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
+from .language import choose_language
 from .options import DecodingOptions, token_ids
 from .repetition import cut_loop
 from .runtime.decoder_adapters import CrossAttention, logsumexp
@@ -133,35 +134,6 @@ def suppress_token_ids(option: str | Iterable[int] | None, tokenizer: Tokenizer,
 
 
 # --- language detection ---------------------------------------------------------------------------------
-
-
-def detect_language(model: WhisperaneModel, enc: CrossAttention, tokenizer: Tokenizer) -> tuple[str, dict[str, float]]:
-    """Softmax over the language tokens of the logits after <|startoftranscript|>."""
-    if not model.is_multilingual:
-        return "en", {"en": 1.0}
-    with model.decoding_state(1) as state:
-        logits, _ = model.decoder.step(state, np.array([tokenizer.sot]), enc)
-    codes = list(model.info.languages)
-    ids = np.array([model.info.languages[c] for c in codes])
-    lang_logits = logits[0, ids].astype(np.float64)
-    p = np.exp(lang_logits - lang_logits.max())
-    p /= p.sum()
-    probs = {c: float(v) for c, v in zip(codes, p, strict=True)}
-    return codes[int(np.argmax(p))], probs
-
-
-def choose_language(model: WhisperaneModel, enc: CrossAttention | None, language: str | None,
-                    task: str) -> tuple[Tokenizer, dict[str, float] | None]:
-    """The tokenizer of ``language``, or of the one detected on ``enc`` (a multilingual model without a
-    language; English when there is nothing to detect from: the transcript will be empty), and the detected
-    language's probabilities (None where nothing was detected)."""
-    probs = None
-    if model.is_multilingual and language is None:
-        if enc is not None:
-            language, probs = detect_language(model, enc, model.tokenizer())
-        else:
-            language = "en"
-    return model.tokenizer(language=language, task=task), probs
 
 
 # --- the window decoder ---------------------------------------------------------------------------------

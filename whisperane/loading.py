@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,10 +17,12 @@ from .runtime.sessions import IdleWeights, Sessions, Wrap, choose_kind, open_dec
 from .tokenizer import Tokenizer
 
 
-def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
+def open_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
                compute_units: str = "ALL", compute_type: str = "default", verify: bool = True,
-               encoder_threads: int | None = None, wrap: Wrap | None = None) -> WhisperaneModel:
-    """Load a bundle by model name (converted on first use) or directory, ready to transcribe.
+               encoder_threads: int | None = None, wrap: Wrap | None = None,
+               model_class: type[WhisperaneModel] = WhisperaneModel) -> WhisperaneModel:
+    """Load a bundle by model name (converted on first use) or directory, as ``model_class`` (users get
+    ``whisperane.transcribe.Whisper``, which transcribes, through ``whisperane.load_model``).
 
     ``compute_type``: "int8" (int8 encoder and decoder weights), "float32", or "default" (int8 on the CPU with
     ONNX Runtime when the bundle has it, as faster-whisper's int8; float32 elsewhere). ``threads``: the
@@ -41,23 +42,9 @@ def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onn
                                 info.languages, info.multilingual)
         sessions = Sessions(bundle, kind, threads, compute_units, encoder_threads or threads, wrap or IdleWeights())
         decoder = open_decoder(kind, info, sessions)
-        model = WhisperaneModel(info, kind, sessions, decoder, tokenizer.result())
+        model = model_class(info, kind, sessions, decoder, tokenizer.result())
     release_freed_memory()
     return model
-
-
-_LOADED: dict[tuple, WhisperaneModel] = {}
-_LOADED_LOCK = threading.Lock()
-
-
-def shared_model(name_or_path: str | os.PathLike, executor: str = "onnx", compute_type: str = "default") -> WhisperaneModel:
-    """A model loaded once per (name or path, executor, compute type) and reused by later calls, as
-    ``transcribe(model="tiny.en")`` needs: loading costs more than a short file's transcription."""
-    key = (os.fspath(name_or_path), executor, compute_type)
-    with _LOADED_LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = load_model(name_or_path, executor=executor, compute_type=compute_type)
-        return _LOADED[key]
 
 
 def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True) -> Path:

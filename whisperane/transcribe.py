@@ -1,10 +1,12 @@
-"""The entry point: ``transcribe(audio, model, **options)``, openai-whisper's signature and result. The stages it
-runs live in ``whisperane.longform``: the seek loop (sequential), ``vad_filter``'s loop over the speech, and
-batched mode's lanes."""
+"""The entry point: ``transcribe(audio, model, **options)``, openai-whisper's signature and result, and the model
+users load (``load_model``: a ``WhisperaneModel`` with openai-whisper's ``model.transcribe``). The stages it runs
+live in ``whisperane.longform``: the seek loop (sequential), ``vad_filter``'s loop over the speech, and batched
+mode's lanes. This module sits above the loader and the runtime: neither imports it."""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from .audio import N_SAMPLES, AudioStream, open_audio
 from .errors import OptionsError
+from .loading import open_model
 from .longform.seek import SeekLoop
 from .longform.speech_guard import SpeechGuard
 from .options import TranscribeOptions, check_options_for_model
@@ -42,9 +45,14 @@ def transcribe(
         raise TypeError(f"unknown transcribe option(s): {', '.join(sorted(unknown))}")
     options = TranscribeOptions(language=language, task=task, word_timestamps=word_timestamps, **kwargs)
     if not isinstance(model, WhisperaneModel):
-        from .loading import shared_model  # imports the runtime's sessions only when a name is given
-
         model = shared_model(model)
+    return transcribe_with(model, audio, options, progress, on_segment)
+
+
+def transcribe_with(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,
+                    options: TranscribeOptions, progress: Callable[[float, float], None] | None = None,
+                    on_segment: Callable[[Segment], None] | None = None) -> TranscriptionResult:
+    """``transcribe()`` with its options already built (a server's request, the CLI's flags): the same run."""
     check_options_for_model(options, model.is_multilingual)
     if not options.diarize:
         return _transcribe_in_mode(model, audio, options, progress, on_segment)
@@ -99,4 +107,34 @@ def _file_peak(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray, st
         return model.mel_peak(first_pass)
 
 
-__all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Word", "transcribe"]
+class Whisper(WhisperaneModel):
+    """A loaded model that transcribes, as openai-whisper's and faster-whisper's: ``model.transcribe(audio)``."""
+
+    def transcribe(self, audio: str | os.PathLike | np.ndarray | AudioStream, **options) -> TranscriptionResult:
+        """``whisperane.transcribe(audio, model=self, **options)``."""
+        return transcribe(audio, model=self, **options)
+
+
+def load_model(name_or_path: str | os.PathLike = "tiny.en", executor: str = "onnx", threads: int | None = None,
+               compute_units: str = "ALL", compute_type: str = "default", **kwargs) -> Whisper:
+    """A model by name (converted on first use) or bundle directory, ready to transcribe: ``loading.open_model``'s
+    arguments (``verify``, ``encoder_threads``, ``wrap``: what its components are wrapped in)."""
+    return open_model(name_or_path, executor, threads, compute_units, compute_type, model_class=Whisper, **kwargs)
+
+
+_LOADED: dict[tuple, Whisper] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+def shared_model(name_or_path: str | os.PathLike, executor: str = "onnx", compute_type: str = "default") -> Whisper:
+    """A model loaded once per (name or path, executor, compute type) and reused by later calls, as
+    ``transcribe(model="tiny.en")`` needs: loading costs more than a short file's transcription."""
+    key = (os.fspath(name_or_path), executor, compute_type)
+    with _LOADED_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = load_model(name_or_path, executor=executor, compute_type=compute_type)
+        return _LOADED[key]
+
+
+__all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Whisper", "Word", "load_model", "shared_model",
+           "transcribe", "transcribe_with"]

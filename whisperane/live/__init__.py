@@ -30,7 +30,7 @@ def stream(source: str | os.PathLike | io.RawIOBase | io.BufferedIOBase | Iterab
     as if live (``clock``: a WallClock by default, a SimulatedClock to simulate at compute speed).
     ``options``: TranscribeOptions and LiveOptions fields."""
     if not isinstance(model, WhisperaneModel):
-        from ..loading import shared_model
+        from ..transcribe import shared_model
 
         model = shared_model(model)
     clock = clock or WallClock()

@@ -13,8 +13,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from ..decoding import choose_language
 from ..errors import OptionsError
+from ..language import choose_language
 from ..options import TranscribeOptions, check_options_for_model
 from ..result import TranscriptionResult, Word
 from ..runtime.decoder_adapters import CrossAttention

@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..audio import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, AudioStream
-from ..decoding import choose_language, decode_windows
+from ..decoding import decode_windows
+from ..language import choose_language
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments
 from ..runtime.model import WhisperaneModel

@@ -9,8 +9,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, AudioStream
-from ..decoding import DecodingResult, choose_language
+from ..decoding import DecodingResult
 from ..errors import WhisperaneError
+from ..language import choose_language
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments, rounded
 from ..runtime.model import WhisperaneModel

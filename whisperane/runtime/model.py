@@ -1,6 +1,7 @@
 """A loaded model: log-mel, encoder, the decoder adapter, the prefill table and the tokenizer.
 
-``whisperane.loading.load_model`` builds it; every variant (executor, compute type, decoder kind, what the
+``whisperane.loading.open_model`` builds it (as ``whisperane.transcribe.Whisper``, which adds openai-whisper's
+``model.transcribe``, for users); every variant (executor, compute type, decoder kind, what the
 components are wrapped in) was decided there. The model holds no decoding state: each call takes its own
 (``decoding_state``), so one model serves several threads at once (ONNX Runtime sessions are thread-safe). It
 runs its components as it was given them, and holds no lock and no count of its users: how requests share the
@@ -10,7 +11,6 @@ the components it wrapped at load time.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,7 +34,6 @@ from .decoder_adapters import CrossAttention, Decoder, cross_attention_reader
 from .state import DecoderState
 
 if TYPE_CHECKING:  # imported for annotations only
-    from ..result import TranscriptionResult
     from .sessions import BundleKind, Sessions
 
 
@@ -154,9 +153,3 @@ class WhisperaneModel:
                 out = self._sessions.prefill().run(feeds)
                 self._prefill_cache[key] = (out[KEY_PREFILL], out[VALUE_PREFILL])
             return self._prefill_cache[key]
-
-    def transcribe(self, audio: str | os.PathLike | np.ndarray, **options) -> TranscriptionResult:
-        """``whisperane.transcribe(audio, model=self, **options)``, as openai-whisper's ``model.transcribe``."""
-        from ..transcribe import transcribe
-
-        return transcribe(audio, model=self, **options)

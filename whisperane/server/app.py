@@ -19,10 +19,11 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .. import OptionsError, TranscribeOptions, WhisperaneError, WhisperaneModel, __version__
+from .. import OptionsError, WhisperaneError, WhisperaneModel, __version__
 from ..audio import SAMPLE_RATE
 from ..options import check_options_for_model
 from ..result import TranscriptionResult
+from ..transcribe import transcribe_with
 from .access import AccessMiddleware
 from .config import ServerConfig
 from .deadlines import paced, shutting_down
@@ -103,7 +104,7 @@ class Server:
                                    code="decode_time_exceeded"))
         if on_audio is not None:
             on_audio()
-        return model.transcribe(samples, progress=job.check, on_segment=on_segment, **options.transcribe)
+        return transcribe_with(model, samples, options.transcribe, progress=job.check, on_segment=on_segment)
 
     async def transcription(self, request: Request, task: str) -> Response:
         max_bytes = int(self.config.max_upload_mb * 2**20)
@@ -154,7 +155,7 @@ class Server:
         run = lambda job, on_audio, on_segment: self.decode(job, model, upload, options, on_audio, on_segment)  # noqa: E731
         verbose = None
         if options.response_format == "verbose_json":
-            verbose = lambda result: verbose_json(result, options, options.transcribe["task"])  # noqa: E731
+            verbose = lambda result: verbose_json(result, options, options.transcribe.task)  # noqa: E731
         stream = TranscriptStream(slot, run, DeltaText(tokenizer.decode, tokenizer.eot),
                                   lambda e: public_error(e, upload), verbose)
         stream.task.add_done_callback(lambda _: upload.remove())
@@ -195,13 +196,9 @@ class Server:
 def _check_options(options: RequestOptions, model: WhisperaneModel) -> None:
     """400 for options no decode takes, or the request's model cannot (before any audio is read)."""
     try:
-        transcribe_options = TranscribeOptions(**options.transcribe)
-    except (OptionsError, TypeError) as e:
-        raise options_error(e) from None
-    try:
-        check_options_for_model(transcribe_options, model.is_multilingual)
+        check_options_for_model(options.transcribe, model.is_multilingual)
     except OptionsError as e:  # translation is what the model cannot do on its route; elsewhere, the language
-        param = "model" if transcribe_options.task == "translate" else "language"
+        param = "model" if options.transcribe.task == "translate" else "language"
         raise ApiError(400, f"the model '{options.model}': {e}", param=param, code="invalid_option") from None
 
 

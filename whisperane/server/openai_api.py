@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse
 
 from ..audio import SAMPLE_RATE, open_audio
 from ..errors import OptionsError, WhisperaneError
+from ..options import TranscribeOptions
 from ..result import Segment, SpeakerWord, TranscriptionResult, Word
 from ..tokenizer import LANGUAGES
 from ..writers import WriteSRT, WriteVTT
@@ -237,13 +238,13 @@ async def read_upload(content_type: str | None, body: AsyncIterator[bytes], max_
 
 @dataclass(frozen=True)
 class RequestOptions:
-    """What one request asked for: the model's id, the output, and ``transcribe()`` keywords."""
+    """What one request asked for: the model's id, the output, and the transcription's options."""
 
     model: str
     response_format: str = "json"
     stream: bool = False
     granularities: tuple[str, ...] = ("segment",)
-    transcribe: dict = field(default_factory=dict)
+    transcribe: TranscribeOptions = field(default_factory=TranscribeOptions)
 
 
 def _flag(name: str, value: str) -> bool:
@@ -313,7 +314,11 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
         kwargs["diarize"] = kwargs.get("diarize", True)
     if stream and kwargs.get("diarize"):
         raise ApiError(400, "diarize labels the finished transcript: it cannot be streamed", param="stream")
-    return RequestOptions(model, response_format, stream, granularities, kwargs)
+    try:
+        transcribe = TranscribeOptions(**kwargs)
+    except (OptionsError, TypeError) as e:
+        raise options_error(e) from None
+    return RequestOptions(model, response_format, stream, granularities, transcribe)
 
 
 def options_error(e: OptionsError | TypeError) -> ApiError:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import WhisperaneError
-from ..loading import load_model
+from ..loading import open_model
 from ..runtime.sessions import Around, IdleWeights, Reopen, Wrap
 from .models import FIRST_MODEL_ID, model_id
 
@@ -58,11 +58,11 @@ class Schedule:
         return models
 
     def load_model(self, name_or_path) -> WhisperaneModel:
-        return load_model(name_or_path, threads=self.threads, encoder_threads=self.encoder_threads,
+        return open_model(name_or_path, threads=self.threads, encoder_threads=self.encoder_threads,
                           wrap=self.wrapper())
 
     def wrapper(self) -> Wrap:
-        """The wrap for one model's components (``load_model``'s ``wrap``): a model's own weights are released
+        """The wrap for one model's components (``open_model``'s ``wrap``): a model's own weights are released
         around its encoder calls, the turn is every model's."""
         idle = IdleWeights()
 
