@@ -489,7 +489,7 @@ class Bench:
         self.split([("jfk", jfk.path, jfk.duration), ("1 min", one_minute.path, one_minute.duration)])
 
     def split(self, files: Sequence[tuple[str, Path, float]]) -> None:
-        from whisperane.loading import load_model
+        from whisperane import load_model
         from whisperane.transcribe import transcribe
 
         emit("\n### whisperane time split (in-process, model loaded and warmed up on JFK first)\n")
@@ -528,7 +528,7 @@ class Bench:
             return self.clip_results[model]
         from faster_whisper import WhisperModel
 
-        from whisperane.loading import load_model
+        from whisperane import load_model
 
         clips = self.english if self.fixed_language(model) else self.corpus
         lang = self.fixed_language(model)

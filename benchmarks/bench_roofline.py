@@ -544,7 +544,7 @@ class Split:
 
 def measure_split(bundle: Path, audio: str | np.ndarray, warmup: np.ndarray, threads: int, language: str | None) -> Split:
     """Transcribe ``audio`` once with a loaded model (after a warm-up call) and its component calls timed."""
-    from whisperane.loading import load_model
+    from whisperane import load_model
     from whisperane.transcribe import transcribe
 
     model = load_model(str(bundle), threads=threads)

@@ -40,7 +40,7 @@ def run_faster_whisper(args: argparse.Namespace) -> int:
 def run_whisperane_threads(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from whisperane.loading import load_model
+    from whisperane import load_model
     from whisperane.transcribe import transcribe
 
     model = load_model(args.model, threads=args.threads)

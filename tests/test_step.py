@@ -64,12 +64,12 @@ def test_noise_alone_is_no_speech(tiny_int8_model):
 
 
 def test_text_written_into_quiet_noise_is_dropped_by_the_guard(tiny_int8_model):
-    """Quieter noise passes openai's no-speech rule and tiny.en writes " ." into it: without the guard those
-    segments are kept; the guard's check of words against voice finds none there and drops them."""
+    """Quieter noise passes openai's no-speech rule and tiny.en writes text into it (" ." with one CPU's int8
+    rounding, words with another's): without the guard those segments are kept; the guard's check of words against
+    voice finds none there and drops them, whatever the text."""
     noise = np.random.default_rng(0).normal(0, 0.002, 20 * SAMPLE_RATE).astype(np.float32)
     _, openai = _step(tiny_int8_model, noise, None)
     assert openai.reason == DECODED and openai.segments
-    assert all(not s.text.strip().strip(".") for s in openai.segments)
     _, guarded = _step(tiny_int8_model, noise, SpeechGuard.on_demand())
     assert guarded.reason == DECODED and guarded.segments == () and guarded.seek == openai.seek
 
