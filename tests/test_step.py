@@ -10,6 +10,7 @@ from conftest import DATA_DIR
 
 from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio
 from whisperane.decoding import decode
+from whisperane.language import LanguageChoice
 from whisperane.longform.speech_guard import GUARD_LEAD_IN_FRAMES, SpeechGuard
 from whisperane.longform.step import DECODED, GUARD, NO_SPEECH, WindowStep, split_segments
 from whisperane.longform.window import Window, read_window
@@ -27,7 +28,7 @@ def jfk() -> np.ndarray:
 def _step(model, samples: np.ndarray, guard: SpeechGuard | None, prompt=(), may_resume: bool = True):
     size = min(N_FRAMES, len(samples) // HOP_LENGTH)
     enc, samples, _ = read_window(model, _Stream(samples), 0, size, None)
-    step = WindowStep(model, TranscribeOptions(), model.tokenizer("en"), None, guard)
+    step = WindowStep(model, TranscribeOptions(), LanguageChoice.of_tokenizer(model, model.tokenizer("en")), guard)
     window = Window(0, size, enc, samples)
     outcome = step(window, list(prompt), 0, may_resume=may_resume, last_speech=0.0, content_frames=size,
                    audio_end=len(samples) / SAMPLE_RATE)

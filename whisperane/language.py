@@ -37,3 +37,30 @@ def choose_language(model: WhisperaneModel, enc: CrossAttention | None, language
         else:
             language = "en"
     return model.tokenizer(language=language, task=task), probs
+
+
+class LanguageChoice:
+    """One call's language, chosen once (``of``): the one asked for, or the one detected on the first window that
+    asks; the loops of a call (batched mode's lanes) share it, so that all decode in the language of the first."""
+
+    def __init__(self, model: WhisperaneModel, language: str | None, task: str):
+        self.model, self.language, self.task = model, language, task
+        self._chosen: tuple[Tokenizer, dict[str, float] | None] | None = None
+
+    @classmethod
+    def of_tokenizer(cls, model: WhisperaneModel, tokenizer: Tokenizer) -> LanguageChoice:
+        """The language ``tokenizer`` decodes in, chosen already (a live stream's)."""
+        choice = cls(model, tokenizer.language, tokenizer.task)
+        choice._chosen = (tokenizer, None)
+        return choice
+
+    @property
+    def needs_audio(self) -> bool:
+        """Whether the language is still to be detected on a window (a multilingual model, no language given)."""
+        return self._chosen is None and self.model.is_multilingual and self.language is None
+
+    def of(self, enc: CrossAttention | None) -> tuple[Tokenizer, dict[str, float] | None]:
+        """The tokenizer and the detected language's probabilities: chosen on the first call (on ``enc``)."""
+        if self._chosen is None:
+            self._chosen = choose_language(self.model, enc, self.language, self.task)
+        return self._chosen

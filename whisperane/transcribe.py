@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import fields
 
 import numpy as np
@@ -15,7 +15,7 @@ import numpy as np
 from .audio import N_SAMPLES, AudioStream, open_audio
 from .errors import OptionsError
 from .loading import open_model
-from .longform.seek import SeekLoop
+from .longform.seek import SeekLoop, WindowDone
 from .longform.speech_guard import SpeechGuard
 from .options import TranscribeOptions, check_options_for_model
 from .result import Segment, TranscriptionResult, Word
@@ -38,7 +38,7 @@ def transcribe(
     an OptionsError). A model name or path is loaded once and reused by later calls. ``progress(seconds_done,
     duration)`` is called after each window; ``on_segment(segment)`` with each segment as its window is kept, in
     order (text final; times on the audio the loop reads: the speech alone under vad_filter; batched mode calls
-    it for all segments at the end).
+    it for all segments at the end). ``Transcription`` is the same run as an iterator of its windows.
     """
     unknown = set(kwargs) - {f.name for f in fields(TranscribeOptions)}
     if unknown:
@@ -53,46 +53,69 @@ def transcribe_with(model: WhisperaneModel, audio: str | os.PathLike | np.ndarra
                     options: TranscribeOptions, progress: Callable[[float, float], None] | None = None,
                     on_segment: Callable[[Segment], None] | None = None) -> TranscriptionResult:
     """``transcribe()`` with its options already built (a server's request, the CLI's flags): the same run."""
-    check_options_for_model(options, model.is_multilingual)
-    if not options.diarize:
-        return _transcribe_in_mode(model, audio, options, progress, on_segment)
-    from .diarize.pipeline import diarize, stream_opener  # the speaker encoder: only when asked for
-    from .diarize.words import with_speakers
-
-    open_again = stream_opener(audio)  # before the transcription: a stream read only once is refused at once
-    result = _transcribe_in_mode(model, audio, options, progress, on_segment)
-    # after it, on this thread: the transcript's words are the speech to embed (no VAD pass of its own), and beside
-    # the transcription on a thread of its own it costs the decoder loop more than its own time
-    turns = diarize(open_again, result, options.speaker_count)
-    return with_speakers(result, turns, model.tokenizer(result.language, options.task))
-
-
-def _transcribe_in_mode(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,
-                        options: TranscribeOptions, progress: Callable[[float, float], None] | None,
-                        on_segment: Callable[[Segment], None] | None) -> TranscriptionResult:
-    """Batched mode, the VAD-filtered loop or the default seek loop over the whole audio."""
-    if options.batch_size is not None:
-        from .longform.lanes import transcribe_batched  # imports the VAD: only for the modes that run it
-
-        if isinstance(audio, AudioStream):
-            raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
-        result = transcribe_batched(model, lambda: open_audio(audio), options, progress)
-        for segment in result.segments if on_segment else ():
+    transcription = Transcription(model, audio, options)
+    for window in transcription:
+        for segment in window.segments if on_segment else ():
             on_segment(segment)
-        return result
-    if options.vad_filter:
-        from .longform.vad_filter import transcribe_speech
+        if progress:
+            progress(window.done, window.duration)
+    return transcription.result
 
-        return transcribe_speech(model, audio, options, progress, on_segment)
-    guard = SpeechGuard.on_demand() if options.speech_guard else None
-    stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
-    try:
-        # a stream given by the caller can be read once: its windows keep their own peaks
-        peak = None if stream is audio else _file_peak(model, audio, stream)
-        return SeekLoop(model, stream, options, progress, guard, peak, on_segment).run()
-    finally:
-        if stream is not audio:
-            stream.close()
+
+class Transcription:
+    """One transcription as an iterator of its windows (``WindowDone``: the segments each kept, how far it has
+    come), as faster-whisper's ``generate_segments``: the caller sets the pace and cancels by stopping (the audio is
+    closed however the iteration ends); ``result`` once it has run to the end. The options are checked against the
+    model, and a source diarize must read twice opened again, at once."""
+
+    def __init__(self, model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,
+                 options: TranscribeOptions):
+        check_options_for_model(options, model.is_multilingual)
+        if options.batch_size is not None and isinstance(audio, AudioStream):
+            raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
+        self.model, self.audio, self.options = model, audio, options
+        self.result: TranscriptionResult | None = None
+        self._open_again = None
+        if options.diarize:
+            from .diarize.pipeline import stream_opener  # the speaker encoder: only when asked for
+
+            self._open_again = stream_opener(audio)  # a stream read only once is refused here, at once
+
+    def __iter__(self) -> Iterator[WindowDone]:
+        result = yield from self._windows()
+        if self._open_again is not None:
+            from .diarize.pipeline import diarize
+            from .diarize.words import with_speakers
+
+            # after the transcription, on this thread: the transcript's words are the speech to embed (no VAD pass
+            # of its own), and beside the transcription on a thread of its own it costs the decoder loop more than
+            # its own time
+            turns = diarize(self._open_again, result, self.options.speaker_count)
+            result = with_speakers(result, turns, self.model.tokenizer(result.language, self.options.task))
+        self.result = result
+
+    def _windows(self) -> Generator[WindowDone, None, TranscriptionResult]:
+        """Batched mode, the VAD-filtered loop or the default seek loop over the whole audio."""
+        model, audio, options = self.model, self.audio, self.options
+        if options.batch_size is not None:
+            from .longform.lanes import batched_windows  # imports the VAD: only for the modes that run it
+
+            return (yield from batched_windows(model, lambda: open_audio(audio), options))
+        if options.vad_filter:
+            from .longform.vad_filter import speech_windows
+
+            return (yield from speech_windows(model, audio, options))
+        guard = SpeechGuard.on_demand() if options.speech_guard else None
+        stream = audio if isinstance(audio, AudioStream) else open_audio(audio)
+        try:
+            # a stream given by the caller can be read once: its windows keep their own peaks
+            peak = None if stream is audio else _file_peak(model, audio, stream)
+            loop = SeekLoop(model, stream, options, guard, peak)
+            yield from loop
+            return loop.result()
+        finally:
+            if stream is not audio:
+                stream.close()
 
 
 def _file_peak(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray, stream: AudioStream) -> float | None:
@@ -136,5 +159,5 @@ def shared_model(name_or_path: str | os.PathLike, executor: str = "onnx", comput
         return _LOADED[key]
 
 
-__all__ = ["Segment", "TranscribeOptions", "TranscriptionResult", "Whisper", "Word", "load_model", "shared_model",
+__all__ = ["Segment", "TranscribeOptions", "Transcription", "TranscriptionResult", "Whisper", "WindowDone", "Word", "load_model", "shared_model",
            "transcribe", "transcribe_with"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from ..language import LanguageChoice
 from ..longform.speech_guard import SpeechGuard
 from ..longform.step import UNDECODED, DecodeBudget, WindowStep
 from ..longform.window import Window
@@ -51,7 +52,7 @@ def decode_buffer(model: WhisperaneModel, samples: np.ndarray, enc: CrossAttenti
     if size == 0:
         return BufferDecoding((), frozenset())
     guard = SpeechGuard.of_voiced_frames(voiced) if voiced is not None else None
-    step = WindowStep(model, options, tokenizer, None, guard)
+    step = WindowStep(model, options, LanguageChoice.of_tokenizer(model, tokenizer), guard)
     previous_text = tokenizer.encode(" " + prompt.strip()) if prompt.strip() else []
     window, content_frames = Window(0, size, enc, samples), len(samples) // HOP_LENGTH
     budget = DecodeBudget(max_tokens=update_tokens(len(samples)))

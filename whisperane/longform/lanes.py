@@ -19,14 +19,14 @@ a bin across two tails is split where the later one starts (``split_at``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..audio import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, AudioStream
 from ..decoding import decode_windows
-from ..language import choose_language
+from ..language import LanguageChoice
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments
 from ..runtime.model import WhisperaneModel
@@ -34,7 +34,7 @@ from ..tokenizer import Tokenizer
 from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, speech_regions
 from ..vad.silero import default_vad
 from ..vad.stream import SpeechStream
-from .seek import SeekLoop, empty_result
+from .seek import SeekLoop, WindowDone, empty_result
 from .vad_filter import vad_options
 from .window import Window
 from .words import restore_timestamps
@@ -117,10 +117,11 @@ def pause_lengths(regions: Sequence[SpeechRegion], probabilities: np.ndarray, th
     return lengths
 
 
-def transcribe_batched(model: WhisperaneModel, open_stream: Callable[[], AudioStream], options: TranscribeOptions,
-                       progress: Callable[[float, float], None] | None = None) -> TranscriptionResult:
+def batched_windows(model: WhisperaneModel, open_stream: Callable[[], AudioStream],
+                    options: TranscribeOptions) -> Generator[WindowDone, None, TranscriptionResult]:
     """Batched mode over a source opened once for the VAD, then once per lane (and per bin of tails) for its
-    speech."""
+    speech: each round of windows decoded side by side (no segments: a lane's are final only once every lane is
+    done), then every segment at once; returns the result."""
     with open_stream() as stream:
         probabilities, n_samples = default_vad().speech_probabilities(stream)
     vad = vad_options(options, batched=True)
@@ -129,19 +130,22 @@ def transcribe_batched(model: WhisperaneModel, open_stream: Callable[[], AudioSt
     if not regions:
         return empty_result(model, options, duration)
     voiced_regions = speech_regions(probabilities, n_samples, VOICED)  # for every loop's speech guard, found once
+    language = LanguageChoice(model, options.language, options.task)  # the first lane's first window's, for all
 
     def open_bin(tails: list[Tail]) -> SeekLoop:
         speech = SpeechStream(open_stream(), [r for tail in tails for r in tail.regions], n_samples, probabilities)
-        return SeekLoop.over_speech(model, speech, options, None, voiced_regions)
+        # the text before its first tail is its prompt
+        return SeekLoop.over_speech(model, speech, options, voiced_regions, language, tails[0].lane.prompt.current)
 
-    rounds = _Rounds(model, options, open_bin, lambda done: progress and progress(done * duration, duration))
+    rounds = _Rounds(model, options, open_bin, language)
     lanes: list[SeekLoop] = []
     try:
         for run in lane_regions(regions, options.batch_size, pause_lengths(regions, probabilities, vad.threshold)):
             speech = SpeechStream(open_stream(), run, n_samples, probabilities)
-            lanes.append(SeekLoop.over_speech(model, speech, options, None, voiced_regions))
+            lanes.append(SeekLoop.over_speech(model, speech, options, voiced_regions, language))
         # Tails are packed only where words say where to split a segment across two of them (split_at).
-        rounds.run(lanes, defer_tails=options.word_timestamps and len(lanes) > 1)
+        for done in rounds.run(lanes, defer_tails=options.word_timestamps and len(lanes) > 1):
+            yield WindowDone((), done * duration, duration)
     finally:
         for loop in [*lanes, *(b for b, _ in rounds.bins)]:
             loop.stream.close()
@@ -152,7 +156,10 @@ def transcribe_batched(model: WhisperaneModel, open_stream: Callable[[], AudioSt
         restored = restore_timestamps(b.segments, b.stream.time_map, voiced)
         segments.extend(split_at(restored, [tail.regions[0].start_s for tail in tails[1:]], b.tokenizer))
     segments.sort(key=lambda s: s.start)  # stable: lanes are in audio order, bins hold what lanes left
-    return result_from_segments(segments, lanes[0].tokenizer, duration, lanes[0].language_probs, options.word_timestamps)
+    tokenizer, language_probs = language.of(None)
+    result = result_from_segments(segments, tokenizer, duration, language_probs, options.word_timestamps)
+    yield WindowDone(result.segments, duration, duration)
+    return result
 
 
 @dataclass(frozen=True)
@@ -207,23 +214,22 @@ class _Rounds:
     are shared by all."""
 
     def __init__(self, model: WhisperaneModel, options: TranscribeOptions, open_bin: Callable[[list[Tail]], SeekLoop],
-                 progress: Callable[[float], None]):
-        self.model, self.options, self.open_bin, self.progress = model, options, open_bin, progress
-        self.tokenizer: Tokenizer | None = None
-        self.language_probs: dict | None = None
+                 language: LanguageChoice):
+        self.model, self.options, self.open_bin, self.language = model, options, open_bin, language
         self.decoding = self.rows = None
         self.lanes: list[SeekLoop] = []
         self.bins: list[tuple[SeekLoop, list[Tail]]] = []  # each bin's loop and the tails it holds
 
-    def run(self, lanes: list[SeekLoop], defer_tails: bool) -> None:
+    def run(self, lanes: list[SeekLoop], defer_tails: bool) -> Iterator[float]:
         """Step every loop that has a window left: their windows encoded, decoded greedily in one call per
-        token, then each finished by its own loop (fallback, words, seek). With ``defer_tails``, a lane whose
-        next window would be its last and not full stops there; its tail goes to a bin (``_launch``)."""
+        token, then each finished by its own loop (fallback, words, seek); after each round, the share of the
+        speech decoded. With ``defer_tails``, a lane whose next window would be its last and not full stops there;
+        its tail goes to a bin (``_launch``)."""
         self.lanes = lanes
         active, waiting = list(lanes), []
         while True:
             if defer_tails and (ending := [loop for loop in active if loop in lanes and loop.ends_in_a_tail()]):
-                waiting += [Tail(loop, loop.stream.regions_from(loop.seek * HOP_LENGTH)) for loop in ending]
+                waiting += [Tail(loop, loop.stream.regions_from(loop.position.seek * HOP_LENGTH)) for loop in ending]
                 active = [loop for loop in active if loop not in ending]
             batch = [(loop, w) for loop in active if (w := loop.next_window()) is not None]
             for loop in self._launch(waiting, self.options.batch_size - len(batch)):
@@ -233,7 +239,7 @@ class _Rounds:
             if not batch:
                 return
             self._decode(batch)
-            self.progress(self._done())
+            yield self._done()
 
     def _launch(self, waiting: list[Tail], free: int) -> list[SeekLoop]:
         """Bins of the waiting tails (taken from ``waiting``) for the ``free`` rows of this round, fullest
@@ -242,7 +248,6 @@ class _Rounds:
         launched = []
         for pieces in pack_tails(waiting)[: max(0, free)]:
             loop = self.open_bin(pieces)
-            loop.begin(self.tokenizer, self.language_probs, pieces[0].lane.prompt)  # the text before its first tail
             self.bins.append((loop, pieces))
             launched.append(loop)
             for tail in pieces:
@@ -252,19 +257,17 @@ class _Rounds:
     def _done(self) -> float:
         """The share of the speech decoded (a lane's tail counts in its bin)."""
         loops = [*self.lanes, *(loop for loop, _ in self.bins)]
-        done = sum(min(loop.seek, loop.content_frames) for loop in loops)
-        return done / max(1, sum(loop.content_frames for loop in self.lanes))
+        done = sum(min(loop.position.seek, loop.position.content_frames) for loop in loops)
+        return done / max(1, sum(loop.position.content_frames for loop in self.lanes))
 
     def _decode(self, batch: list[tuple[SeekLoop, Window]]) -> None:
         model, options = self.model, self.options
         self.rows = model.encode_rows([w.mel for _, w in batch], self.rows)  # one batch of arrays for every step
         enc = self.rows.first_rows(len(batch))
-        if self.tokenizer is None:  # the first step: the language, from the first lane's first window
-            self.tokenizer, self.language_probs = choose_language(model, enc.row(0), options.language, options.task)
-            self.decoding = options.decoding(options.temperature[0], self.tokenizer.language, None, seed=0)
-            for loop in self.lanes:
-                loop.begin(self.tokenizer, self.language_probs)
-        results = decode_windows(model, enc, self.decoding, self.tokenizer, [loop.prompt for loop, _ in batch])
+        tokenizer, _ = self.language.of(enc.row(0))  # the first round: from the first lane's first window
+        if self.decoding is None:
+            self.decoding = options.decoding(options.temperature[0], tokenizer.language, None, seed=0)
+        results = decode_windows(model, enc, self.decoding, tokenizer, [loop.prompt.current for loop, _ in batch])
         for i, (loop, w) in enumerate(batch):
-            loop.finish_window(replace(w, enc=enc.row(i), mel=None), results[i])
+            loop.advance(replace(w, enc=enc.row(i), mel=None), results[i])
 

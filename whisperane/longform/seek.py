@@ -1,17 +1,18 @@
-"""openai-whisper's seek loop over one audio stream (``SeekLoop``): the position in the stream, the prompt and the
-segments so far; each window is one ``step.WindowStep`` (decode, words, the speech guard), whose outcome moves the
-loop on. Audio is read through a bounded stream, so memory does not grow with its length."""
+"""openai-whisper's seek loop over one audio stream (``SeekLoop``), an iterator of its windows: each window is one
+``step.WindowStep`` (decode, words, the speech guard), whose outcome moves the loop on and is yielded to the
+caller (``WindowDone``), who sets the pace and cancels by stopping. Audio is read through a bounded stream, so
+memory does not grow with its length."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, AudioStream
 from ..decoding import DecodingResult
 from ..errors import WhisperaneError
-from ..language import choose_language
+from ..language import LanguageChoice
 from ..options import TranscribeOptions
 from ..result import Segment, TranscriptionResult, result_from_segments, rounded
 from ..runtime.model import WhisperaneModel
@@ -29,151 +30,178 @@ def empty_result(model: WhisperaneModel, options: TranscribeOptions, duration: f
     return result_from_segments([], model.tokenizer(options.language or "en", options.task), duration, None, options.word_timestamps)
 
 
+@dataclass(frozen=True)
+class WindowDone:
+    """One window of a transcription as its caller sees it: the segments it kept, in order, as the result holds them
+    (numbered, rounded; times on the audio the loop reads: the speech alone under vad_filter), and how far the
+    transcription has come (seconds done of the audio's duration, which a stream may refine as it is read)."""
+
+    segments: tuple[Segment, ...]
+    done: float
+    duration: float
+
+
+@dataclass
+class Position:
+    """Where a loop is: the window's start (``seek``, mel frames), the clip of clip_timestamps, where the speech guard
+    ends the next window (the voice it found without words, decoded alone), the windows decoded (each one's index
+    seeds its sampling), the windows the guard started (never guarded again), the stream's length so far (mel
+    frames) and the end of the last kept word (seconds)."""
+
+    seek: int
+    content_frames: int
+    clip: int = 0
+    window_end: int | None = None
+    windows: int = 0
+    resumed: set[int] = field(default_factory=set)
+    last_speech: float = 0.0
+
+
+@dataclass
+class Prompt:
+    """The text so far as the next window's prompt: every token kept (after the initial prompt or the text before
+    this loop's audio), and where it was last reset (no prompt after a high temperature, or where the guard
+    decodes again)."""
+
+    tokens: list[int]
+    reset_since: int = 0
+
+    @property
+    def current(self) -> list[int]:
+        return self.tokens[self.reset_since :]
+
+
 class SeekLoop:
-    """openai-whisper's seek loop over one audio stream: next window -> ``WindowStep`` -> advance. What it keeps
-    belongs to this call: the position (``seek``, the clip of clip_timestamps, where the guard ends the next
-    window), the prompt (the text so far and where it was last reset) and the segments so far."""
+    """openai-whisper's seek loop over one audio stream, as an iterator of ``WindowDone``: next window ->
+    ``WindowStep`` -> advance. The call's model, options, language and speech guard (None: off) decide each window;
+    the loop keeps only its position, its prompt and its segments. ``file_peak``: the whole file's log-mel peak
+    (openai's floor; None: each window's own); ``previous_text``: the text before this loop's audio (decoded by
+    another loop), else the initial prompt starts it. Batched mode steps several loops side by side with the same
+    two calls the iteration makes (``next_window``, ``advance``), their windows encoded and decoded together."""
 
     def __init__(self, model: WhisperaneModel, stream: AudioStream, options: TranscribeOptions,
-                 progress: Callable[[float, float], None] | None = None, guard: SpeechGuard | None = None,
-                 file_peak: float | None = None, on_segment: Callable[[Segment], None] | None = None):
+                 guard: SpeechGuard | None = None, file_peak: float | None = None,
+                 language: LanguageChoice | None = None, previous_text: Sequence[int] | None = None):
         if stream.n_samples == 0:
             raise WhisperaneError(f"{stream.name}: the audio holds no samples")
-        self.model, self.stream, self.options, self.progress = model, stream, options, progress
-        self.guard = guard  # None: no speech guard
-        self.file_peak = file_peak  # the whole file's log-mel peak (openai's floor), None: each window's own
-        self.on_segment = on_segment  # called with each kept segment (transcribe's hook for streamed results)
+        self.stream, self.options = stream, options
+        self.language = language or LanguageChoice(model, options.language, options.task)
+        self._step = WindowStep(model, options, self.language, guard)
+        self._file_peak = file_peak
         # Total length: exact for arrays and wav/flac; from the header for mp3 (refined as the stream is read).
-        self.content_frames = int(stream.n_samples // HOP_LENGTH)
-        self.clips = clip_ranges(options.clip_timestamps, self.content_frames)
-        self.clip_index = 0
-        self.seek = self.clips[0][0]
-        self.window_end: int | None = None  # where the guard ends the next window (the unheard stretch alone)
-        self.window_index = 0
-        self.resumed: set[int] = set()  # windows the guard started: never guarded again
-        self.all_tokens: list[int] = []
-        self.prompt_reset_since = 0
+        content_frames = int(stream.n_samples // HOP_LENGTH)
+        self._clips = clip_ranges(options.clip_timestamps, content_frames)
+        self.position = Position(self._clips[0][0], content_frames)
+        if previous_text is None and options.initial_prompt:
+            previous_text = model.tokenizer(options.language or "en", options.task).encode(" " + options.initial_prompt.strip())
+        self.prompt = Prompt(list(previous_text or ()))
         self.segments: list[Segment] = []
-        self.last_speech = 0.0  # the end of the last kept word
-        self.first_window: Window | None = None  # encoded for language detection, reused by the loop
-        self.step: WindowStep | None = None
-        self.tokenizer: Tokenizer | None = None
-        self.language_probs: dict[str, float] | None = None
 
     @classmethod
     def over_speech(cls, model: WhisperaneModel, stream: SpeechStream, options: TranscribeOptions,
-                    progress: Callable[[float, float], None] | None, voiced: Sequence | None = None,
-                    on_segment: Callable[[Segment], None] | None = None) -> SeekLoop:
+                    voiced: Sequence | None = None, language: LanguageChoice | None = None,
+                    previous_text: Sequence[int] | None = None) -> SeekLoop:
         """The loop over a VAD's speech alone (vad_filter, a lane of batched mode), the speech guard asking the
         voiced regions of the same VAD pass (``voiced``: VoiceRegions.of_speech)."""
         guard = SpeechGuard.over_speech(stream, voiced) if options.speech_guard else None
-        return cls(model, stream, options, progress, guard, on_segment=on_segment)
+        return cls(model, stream, options, guard, language=language, previous_text=previous_text)
 
-    def run(self) -> TranscriptionResult:
-        self.run_windows()
-        duration = self.stream.n_samples / SAMPLE_RATE
-        return result_from_segments(self.segments, self.tokenizer, duration, self.language_probs,
+    def __iter__(self) -> Iterator[WindowDone]:
+        first = self._language_window() if self.language.needs_audio else None
+        while (window := self._read_next(first=first)) is not None:
+            first = None
+            yield self.advance(window)
+
+    def result(self) -> TranscriptionResult:
+        """The transcript of the windows decoded so far."""
+        tokenizer, language_probs = self.language.of(None)
+        return result_from_segments(self.segments, tokenizer, self.stream.n_samples / SAMPLE_RATE, language_probs,
                                     self.options.word_timestamps)
-
-    def run_windows(self) -> None:
-        self.begin(self._tokenizer_for_language(), self.language_probs)
-        while (window := self._next_window()) is not None:
-            self.finish_window(window)
-
-    def begin(self, tokenizer: Tokenizer, language_probs: dict[str, float] | None,
-              previous_text: Sequence[int] | None = None) -> None:
-        """Start decoding with this language; the first window's prompt is ``previous_text`` (the text before
-        this loop's audio, decoded by another loop) or else the initial prompt."""
-        self.tokenizer, self.language_probs = tokenizer, language_probs
-        self.step = WindowStep(self.model, self.options, tokenizer, language_probs, self.guard)
-        if previous_text is not None:
-            self.all_tokens = list(previous_text)
-        elif self.options.initial_prompt:
-            self.all_tokens.extend(tokenizer.encode(" " + self.options.initial_prompt.strip()))
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.all_tokens[self.prompt_reset_since :]
 
     def next_window(self) -> Window | None:
         """The next window with its log-mel, not encoded (for windows of several loops encoded and decoded
-        together, then given back one by one to ``finish_window``); digital silence is passed over."""
-        while (window := self._next_window(encode=False)) is not None and window.is_silence:
-            self.finish_window(window)
+        together, then given back one by one to ``advance``); digital silence is passed over."""
+        while (window := self._read_next(encode=False)) is not None and window.is_silence:
+            self.advance(window)
         return window
 
-    def finish_window(self, window: Window, first: DecodingResult | None = None) -> None:
-        """Decode ``window`` (``first``: its result at the first temperature, decoded with other windows) and
-        move on."""
+    def advance(self, window: Window, first: DecodingResult | None = None) -> WindowDone:
+        """Decode ``window`` (``first``: its result at the first temperature, decoded with other windows) and move
+        on: what it kept."""
+        p = self.position
+        kept: tuple[Segment, ...] = ()
         if window.is_silence:
-            self.seek = window.seek + window.size
+            p.seek = window.seek + window.size
         else:
-            self._advance(self._step(window, first))
-        if self.progress:
-            done = min(self.seek, self.content_frames) / FRAMES_PER_SECOND
-            self.progress(done, self.content_frames / FRAMES_PER_SECOND)
+            outcome = self._step(window, self.prompt.current, p.windows, may_resume=window.seek not in p.resumed,
+                                 last_speech=p.last_speech, content_frames=p.content_frames,
+                                 audio_end=window.audio_end(p.content_frames, self.stream.n_samples), first=first)
+            p.windows += 1
+            kept = self._keep(outcome)
+        return WindowDone(kept, min(p.seek, p.content_frames) / FRAMES_PER_SECOND, p.content_frames / FRAMES_PER_SECOND)
 
     def ends_in_a_tail(self) -> bool:
         """Whether the next window would be the stream's last and not full, after at least one window of this loop
         (one the speech guard bounds is not: ``window_end``)."""
-        left = self.content_frames - self.seek
-        return self.window_index > 0 and self.window_end is None and 0 < left < N_FRAMES
+        p = self.position
+        left = p.content_frames - p.seek
+        return p.windows > 0 and p.window_end is None and 0 < left < N_FRAMES
 
-    def _step(self, w: Window, first: DecodingResult | None) -> WindowOutcome:
-        outcome = self.step(w, self.prompt, self.window_index, may_resume=w.seek not in self.resumed,
-                            last_speech=self.last_speech, content_frames=self.content_frames,
-                            audio_end=w.audio_end(self.content_frames, self.stream.n_samples), first=first)
-        self.window_index += 1
-        return outcome
-
-    def _advance(self, outcome: WindowOutcome) -> None:
+    def _keep(self, outcome: WindowOutcome) -> tuple[Segment, ...]:
+        p, kept = self.position, []
         for segment in outcome.segments:
             segment = replace(segment, id=len(self.segments))
             self.segments.append(segment)
-            self.all_tokens.extend(segment.tokens)
-            if self.on_segment:
-                self.on_segment(rounded(segment, segment.id))
+            self.prompt.tokens.extend(segment.tokens)
+            kept.append(rounded(segment, segment.id))
         if outcome.last_speech is not None:
-            self.last_speech = outcome.last_speech
+            p.last_speech = outcome.last_speech
         if outcome.reset_prompt:  # no prompt after a high temperature, or where the guard decodes again
-            self.prompt_reset_since = len(self.all_tokens)
+            self.prompt.reset_since = len(self.prompt.tokens)
         if outcome.resumed:
-            self.resumed.add(outcome.seek)
-        self.window_end, self.seek = outcome.window_end, outcome.seek
+            p.resumed.add(outcome.seek)
+        p.window_end, p.seek = outcome.window_end, outcome.seek
+        return tuple(kept)
 
-    def _tokenizer_for_language(self) -> Tokenizer:
-        enc = None
-        if self.model.is_multilingual and self.options.language is None:
-            # The same frames the first window of the loop reads, so that the loop reuses this encoding.
-            size = min(N_FRAMES, self.content_frames)
-            self.first_window = Window(0, size, *read_window(self.model, self.stream, 0, size, self.file_peak))
-            enc = self.first_window.enc
-        tokenizer, self.language_probs = choose_language(self.model, enc, self.options.language, self.options.task)
-        return tokenizer
+    def _language_window(self) -> Window:
+        """The first frames of the audio, encoded, to detect the language on (openai's: from the audio's start,
+        whatever the clips); the loop's first window reuses the encoding where it is the same window."""
+        size = min(N_FRAMES, self.position.content_frames)
+        window = Window(0, size, *read_window(self._step.model, self.stream, 0, size, self._file_peak))
+        self.language.of(window.enc)
+        return window
 
-    def _next_window(self, encode: bool = True) -> Window | None:
+    def _read_next(self, encode: bool = True, first: Window | None = None) -> Window | None:
         """The window at ``seek`` (moving on to the next clip of clip_timestamps where one ends), or None."""
-        while self.clip_index < len(self.clips):
-            if self.stream.exhausted:  # the stream refines its length as it reads (mp3 headers can be approximate)
-                self.content_frames = int(self.stream.n_samples // HOP_LENGTH)
-            else:
-                self.content_frames = max(self.content_frames, int(self.stream.n_samples // HOP_LENGTH))
-            clip_start, clip_end = self.clips[self.clip_index]
-            clip_end = min(clip_end, self.content_frames)
-            self.seek = max(self.seek, clip_start)
-            if self.seek >= clip_end:
-                self.clip_index += 1
-                if self.clip_index < len(self.clips):
-                    self.seek = self.clips[self.clip_index][0]
+        p = self.position
+        while p.clip < len(self._clips):
+            self._refine_length()
+            clip_start, clip_end = self._clips[p.clip]
+            clip_end = min(clip_end, p.content_frames)
+            p.seek = max(p.seek, clip_start)
+            if p.seek >= clip_end:
+                p.clip += 1
+                if p.clip < len(self._clips):
+                    p.seek = self._clips[p.clip][0]
                 continue
-            size = min(N_FRAMES, self.content_frames - self.seek, clip_end - self.seek)
-            if self.window_end is not None and self.window_end > self.seek:
-                size = min(size, self.window_end - self.seek)
-            self.window_end = None
-            first, self.first_window = self.first_window, None
-            window = first if first is not None and self.seek == 0 and size == first.size else None
-            window = window or Window(self.seek, size, *read_window(self.model, self.stream, self.seek, size, self.file_peak, encode))
+            size = min(N_FRAMES, p.content_frames - p.seek, clip_end - p.seek)
+            if p.window_end is not None and p.window_end > p.seek:
+                size = min(size, p.window_end - p.seek)
+            p.window_end = None
+            window = first if first is not None and p.seek == 0 and size == first.size else None
+            window = window or Window(p.seek, size, *read_window(self._step.model, self.stream, p.seek, size,
+                                                                 self._file_peak, encode))
             if self.stream.exhausted:
-                self.content_frames = int(self.stream.n_samples // HOP_LENGTH)
+                p.content_frames = int(self.stream.n_samples // HOP_LENGTH)
             return window
         return None
+
+    def _refine_length(self) -> None:
+        """The stream refines its length as it reads (mp3 headers can be approximate): exact once it is read."""
+        frames = int(self.stream.n_samples // HOP_LENGTH)
+        p = self.position
+        p.content_frames = frames if self.stream.exhausted else max(p.content_frames, frames)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.language.of(None)[0]

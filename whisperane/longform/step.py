@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, INPUT_STRIDE, SAMPLE_RATE, TIME_PRECISION
 from ..decoding import DecodingResult, decode
+from ..language import LanguageChoice
 from ..options import TranscribeOptions
 from ..result import Segment, Word
 from ..runtime.model import WhisperaneModel
@@ -59,13 +60,13 @@ class DecodeBudget:
 
 
 class WindowStep:
-    """The step of one transcription's windows: the model, the options, the language and the speech guard (None:
-    off) are the call's; each window brings its own prompt and position (``__call__``)."""
+    """The step of one transcription's windows: the model, the options, the language (chosen on the first window
+    that needs it) and the speech guard (None: off) are the call's; each window brings its own prompt and position
+    (``__call__``)."""
 
-    def __init__(self, model: WhisperaneModel, options: TranscribeOptions, tokenizer: Tokenizer,
-                 language_probs: dict[str, float] | None, guard: SpeechGuard | None):
-        self.model, self.options, self.tokenizer = model, options, tokenizer
-        self.language_probs, self.guard = language_probs, guard
+    def __init__(self, model: WhisperaneModel, options: TranscribeOptions, language: LanguageChoice,
+                 guard: SpeechGuard | None):
+        self.model, self.options, self.language, self.guard = model, options, language, guard
 
     def __call__(self, w: Window, prompt: Sequence[int], seed: int, *, may_resume: bool, last_speech: float,
                  content_frames: int, audio_end: float, first: DecodingResult | None = None,
@@ -76,12 +77,13 @@ class WindowStep:
         frames); ``audio_end``: where the window's audio ends (seconds of the stream); ``budget``: decode it within
         those bounds (``DecodeBudget``) instead of with openai's whole fallback."""
         options = self.options
+        tokenizer, language_probs = self.language.of(w.enc)
         if budget is not None:
-            result = decode_within(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs, seed, budget)
+            result = decode_within(self.model, w.enc, options, prompt, tokenizer, language_probs, seed, budget)
             if result is None:
                 return WindowOutcome((), w.seek, UNDECODED)
         else:
-            result = decode_with_fallback(self.model, w.enc, options, prompt, self.tokenizer, self.language_probs,
+            result = decode_with_fallback(self.model, w.enc, options, prompt, tokenizer, language_probs,
                                           seed, [first] if first else [])
         if is_silence(result, options):
             verdict = self.guard.apply(w, None, w.seek, may_resume, bool(prompt), options.word_timestamps) \
@@ -89,9 +91,9 @@ class WindowStep:
             if verdict is None or verdict.resume is None:
                 return WindowOutcome((), w.seek + w.size, NO_SPEECH)
             return self._keep(w, result, [], verdict.resume.frame, audio_end, verdict.resume.unheard_end, resumed=True)
-        segments, seek, single_timestamp_ending = split_segments(result, self.tokenizer, w.seek, w.size)
+        segments, seek, single_timestamp_ending = split_segments(result, tokenizer, w.seek, w.size)
         if options.word_timestamps:
-            add_words(self.model, w.enc, result, segments, self.tokenizer, options, w.time_offset, w.size, last_speech)
+            add_words(self.model, w.enc, result, segments, tokenizer, options, w.time_offset, w.size, last_speech)
             if self.guard:
                 self.guard.instants_onto_voice(w, segments)
             if not single_timestamp_ending:  # openai's rule: the next window starts where DTW put the last word

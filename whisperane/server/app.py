@@ -23,7 +23,7 @@ from .. import OptionsError, WhisperaneError, WhisperaneModel, __version__
 from ..audio import SAMPLE_RATE
 from ..options import check_options_for_model
 from ..result import TranscriptionResult
-from ..transcribe import transcribe_with
+from ..transcribe import Transcription
 from .access import AccessMiddleware
 from .config import ServerConfig
 from .deadlines import paced, shutting_down
@@ -104,7 +104,12 @@ class Server:
                                    code="decode_time_exceeded"))
         if on_audio is not None:
             on_audio()
-        return transcribe_with(model, samples, options.transcribe, progress=job.check, on_segment=on_segment)
+        transcription = Transcription(model, samples, options.transcribe)
+        for window in transcription:
+            for segment in window.segments if on_segment else ():
+                on_segment(segment)
+            job.check()  # the decode stops at this window once stopped or over budget
+        return transcription.result
 
     async def transcription(self, request: Request, task: str) -> Response:
         max_bytes = int(self.config.max_upload_mb * 2**20)

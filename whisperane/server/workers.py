@@ -2,9 +2,9 @@
 
 A request takes a slot before its upload is read (``DecodePool.reserve``): when every worker is busy and the
 queue is full it is refused at once (503 with Retry-After), so neither memory nor the spool directory grows with
-the number of waiting clients. Each job carries a cancel flag and a time budget; ``transcribe()`` calls its
-``progress`` callback after each window, and the job's callback raises there once the client has gone, the
-budget is spent or the server is stopping, so the work stops at the next window. A closed pool (the server is
+the number of waiting clients. Each job carries a cancel flag and a time budget; the request's decode checks them
+after each window of its transcription (``Job.check``), which raises once the client has gone, the budget is
+spent or the server is stopping, so the work stops at the next window. A closed pool (the server is
 stopping) admits nothing more, and ``stop_all`` stops every admitted job with the reason its client is told.
 """
 
@@ -36,7 +36,7 @@ def _without_frames(e: BaseException) -> BaseException:
 
 
 class Cancelled(Exception):
-    """Raised from a job's progress callback once it was stopped; ``reason``: what its client is told (None: the
+    """Raised from a job's check once it was stopped; ``reason``: what its client is told (None: the
     client has gone, nobody is told)."""
 
     def __init__(self, reason: Exception | None = None):
@@ -73,8 +73,9 @@ class Job:
             self.reason = reason
             self.cancel.set()
 
-    def check(self, *_progress: Any) -> None:
-        """``transcribe()``'s progress callback: stops the decode at this window once stopped or over budget."""
+    def check(self) -> None:
+        """Raise ``Cancelled`` once stopped or over budget (between two windows of a transcription, between two
+        blocks of an upload's decoding)."""
         if self.budget_s is not None and self.started is not None and time.monotonic() - self.started > self.budget_s:
             self.stop(self.over_budget)
         if self.cancel.is_set():
