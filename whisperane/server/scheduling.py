@@ -1,8 +1,8 @@
 """How the server's requests share the cores and the memory (``Schedule``): the models are loaded with their
 components wrapped for it, and the decode pool counts the requests running (``Schedule.request``).
 
-Three arrangements, each measured where the server runs several decodes at once, none of which a process with one
-caller needs (the command line loads its model without them):
+Three arrangements, each measured where the server runs several decodes at once; a process with one caller needs
+only the second (the command line asks for ``IdleWeights`` alone):
 
 - One encoder call at a time, on all the workers' cores (``EncoderTurn``): a call on all of them is about as fast
   as one per core side by side (its matrix products divide evenly), a call alone is that much sooner, and its
@@ -12,7 +12,7 @@ caller needs (the command line loads its model without them):
   peak holds one component's weights.
 - A request alone decodes on all the cores (``WhenAlone``): the decoder is opened a second time on the encoder's
   threads, and each call runs on it while one request is running, on the narrow one otherwise; a request alone
-  would otherwise leave the other cores idle while it decodes (2026-12-06-session31-server.md).
+  would otherwise leave the other cores idle while it decodes.
 """
 
 from __future__ import annotations
