@@ -67,6 +67,9 @@ class TranscribeOptions:
     speech_guard: bool = field(default=True, metadata=_help(
         "a window that leaves 1.5 s of voice without words (a decoding that stopped early or jumped over "
         "speech) is decoded again from there, once; Silero VAD checks only such stretches"))
+    multilingual: bool = field(default=False, metadata=_help(
+        "each stretch of speech (VAD regions) in its own detected language; a window never holds two; "
+        "segments carry their language"))
     batch_size: int | None = field(default=None, metadata=_help(
         "batched mode: VAD speech in chunks of at most 30 s, this many decoded at once"))
     diarize: bool = field(default=False, metadata=_help(
@@ -92,11 +95,12 @@ class TranscribeOptions:
             _optional_number(name, getattr(self, name), minimum=0.0)
         _search_options(self.best_of, self.beam_size, self.patience, self.length_penalty)
         _batched_mode(self)
+        _multilingual(self)
         _speaker_options(self)
         for name in ("initial_prompt", "prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
-        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard", "diarize"):
+        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard", "diarize", "multilingual"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
 
@@ -129,6 +133,8 @@ def check_options_for_model(options: TranscribeOptions, is_multilingual: bool) -
         return
     if options.task == "translate":
         raise OptionsError("English-only models cannot translate; use a multilingual model")
+    if options.multilingual:
+        raise OptionsError("English-only models transcribe English only: multilingual needs a multilingual model")
     if options.language not in (None, "en"):
         raise OptionsError(f"English-only models transcribe English only, not {options.language!r}")
 
@@ -202,6 +208,16 @@ def _batched_mode(options: TranscribeOptions) -> None:
     if options.clip_timestamps != (0.0,) or options.hallucination_silence_threshold is not None:
         raise OptionsError("batched mode chooses its chunks by VAD: clip_timestamps and "
                            "hallucination_silence_threshold apply to the sequential mode")
+
+
+def _multilingual(options: TranscribeOptions) -> None:
+    """multilingual detects each stretch's language and decodes the VAD's speech as it chooses its runs."""
+    if options.multilingual is not True:
+        return
+    if options.language is not None:
+        raise OptionsError("multilingual detects the language of each stretch of speech: give no language")
+    if options.batch_size is not None or options.clip_timestamps != (0.0,):
+        raise OptionsError("multilingual chooses its stretches by VAD: batch_size and clip_timestamps do not apply")
 
 
 def _speaker_options(options: TranscribeOptions) -> None:

@@ -59,6 +59,7 @@ class Segment:
     no_speech_prob: float
     words: tuple[Word, ...] | None = None
     speaker: str | None = None  # with diarize: every segment holds one speaker
+    language: str | None = None  # with multilingual: the language its stretch of speech was decoded in
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -66,8 +67,9 @@ class Segment:
         d["words"] = None if self.words is None else [w.to_dict() for w in self.words]
         if self.words is None:
             d.pop("words")
-        if self.speaker is None:
-            d.pop("speaker")
+        for optional in ("speaker", "language"):
+            if d[optional] is None:
+                d.pop(optional)
         return d
 
     @classmethod
@@ -77,7 +79,7 @@ class Segment:
         return cls(id=d["id"], seek=d["seek"], start=d["start"], end=d["end"], text=d["text"], tokens=tuple(d["tokens"]),
                    temperature=d["temperature"], avg_logprob=d["avg_logprob"], compression_ratio=d["compression_ratio"],
                    no_speech_prob=d["no_speech_prob"], words=None if words is None else tuple(Word.from_dict(w) for w in words),
-                   speaker=d.get("speaker"))
+                   speaker=d.get("speaker"), language=d.get("language"))
 
 
 @dataclass(frozen=True)

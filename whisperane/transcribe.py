@@ -71,8 +71,9 @@ class Transcription:
     def __init__(self, model: WhisperaneModel, audio: str | os.PathLike | np.ndarray | AudioStream,
                  options: TranscribeOptions):
         check_options_for_model(options, model.is_multilingual)
-        if options.batch_size is not None and isinstance(audio, AudioStream):
-            raise OptionsError("batched mode reads the audio twice (VAD, then chunks): pass a path or an array")
+        if (options.batch_size is not None or options.multilingual) and isinstance(audio, AudioStream):
+            raise OptionsError("batched and multilingual modes read the audio twice (VAD, then speech): pass a path "
+                               "or an array")
         self.model, self.audio, self.options = model, audio, options
         self.result: TranscriptionResult | None = None
         self._open_again = None
@@ -101,6 +102,10 @@ class Transcription:
             from .longform.lanes import batched_windows  # imports the VAD: only for the modes that run it
 
             return (yield from batched_windows(model, lambda: open_audio(audio), options))
+        if options.multilingual:
+            from .longform.multilingual import multilingual_windows  # imports the VAD: only for this mode
+
+            return (yield from multilingual_windows(model, lambda: open_audio(audio), options))
         if options.vad_filter:
             from .longform.vad_filter import speech_windows
 

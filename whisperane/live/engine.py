@@ -78,8 +78,9 @@ def split_options(options: dict) -> tuple[LiveOptions, TranscribeOptions]:
         raise TypeError(f"unknown stream option(s): {', '.join(sorted(unknown))}")
     live = LiveOptions(**{k: v for k, v in options.items() if k in live_names})
     decoding = TranscribeOptions(**{"alignment": STREAM_ALIGNMENT, **{k: v for k, v in options.items() if k not in live_names}})
-    if decoding.batch_size is not None or decoding.vad_filter or decoding.clip_timestamps != (0.0,):
-        raise OptionsError("a stream decodes its own buffer: batch_size, vad_filter and clip_timestamps do not apply")
+    if decoding.batch_size is not None or decoding.vad_filter or decoding.clip_timestamps != (0.0,) or decoding.multilingual:
+        raise OptionsError("a stream decodes its own buffer: batch_size, vad_filter, clip_timestamps and "
+                           "multilingual do not apply")
     if decoding.diarize:
         raise OptionsError("diarize labels a finished transcript; a live stream cannot serve it (use whisperane transcribe)")
     if not decoding.word_timestamps:

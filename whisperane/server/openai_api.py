@@ -35,7 +35,7 @@ MAX_FIELDS = 64
 MAX_BOUNDARY = 70  # RFC 2046's limit on a multipart boundary's length
 # whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
 EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool, "diarize": bool,
-                 "num_speakers": int, "min_speakers": int, "max_speakers": int}
+                 "num_speakers": int, "min_speakers": int, "max_speakers": int, "multilingual": bool}
 UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
 READ_BLOCK = 30 * SAMPLE_RATE  # samples an upload's decode reads between two checks of its job
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
@@ -369,4 +369,5 @@ def _segment(s: Segment) -> dict:
     """OpenAI's segment object: whisperane's segment without its words (those are the response's ``words``)."""
     return {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.tokens),
             "temperature": s.temperature, "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-            "no_speech_prob": s.no_speech_prob, **({} if s.speaker is None else {"speaker": s.speaker})}
+            "no_speech_prob": s.no_speech_prob, **({} if s.speaker is None else {"speaker": s.speaker}),
+            **({} if s.language is None else {"language": s.language})}
