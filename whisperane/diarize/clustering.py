@@ -1,9 +1,11 @@
-"""Speakers from window embeddings: average-linkage agglomerative clustering on cosine distance, stopped at a
-distance threshold (the speaker count estimated) or at a given count, clusters too small to be a speaker merged
-into their nearest, and every window then assigned to its nearest centroid. At most MAX_CLUSTERED windows are
-clustered (evenly spaced over the audio), so memory stays flat in the audio's length; the rest follow the
-centroids. The small-cluster rule: benchmarks/results/2026-12-06-session34-diarize.md; the threshold, the middle of
-the range where every count is right over the transcript's speech: benchmarks/results/2026-12-06-session35-diarize-cost.md."""
+"""Speakers from window embeddings: spectral clustering with the normalized maximum eigengap (NME-SC, Park et al.
+2019, "Auto-Tuning Spectral Clustering for Speaker Diarization Using Normalized Maximum Eigengap"). The cosine
+affinity of the windows is pruned to each window's p nearest neighbours (binarized, symmetrized); p is the one that
+minimizes p over the graph Laplacian's largest eigengap (normalized by its largest eigenvalue), and the speaker
+count is where that eigengap lies: the count follows the structure of each file's own affinities, not one distance
+threshold. The windows are then split by k-means (seeded, several starts) on the Laplacian's first eigenvectors, and
+every window (the unreliable ones too) assigned to its nearest cluster centroid. At most MAX_CLUSTERED windows are
+clustered (evenly spaced over the audio), so memory stays flat in the audio's length. numpy only."""
 
 from __future__ import annotations
 
@@ -13,9 +15,16 @@ import numpy as np
 
 from ..errors import OptionsError
 
-DISTANCE_THRESHOLD = 0.45  # cosine distance between clusters' average linkage at which merging stops
-SMALL_CLUSTER = 0.05  # a cluster of fewer windows than this share (and at least 2) is not a speaker of its own
-MAX_CLUSTERED = 800  # windows clustered directly: an 800 x 800 distance matrix, 5 MB
+MAX_CLUSTERED = 800  # windows clustered directly: an 800 x 800 affinity, 5 MB, and its eigenvalues
+MAX_COUNT = 12  # the largest speaker count estimated when no max_speakers is given
+# p, each window's neighbours kept in the pruned affinity, is searched up to this share of the windows (at least 2):
+# a speaker's windows must fill most of their neighbours' places for their block to stand apart.
+MAX_NEIGHBOUR_SHARE = 0.25
+P_STEPS = 24  # values of p tried, evenly spaced from 2 to the largest (all of them when fewer)
+CONNECTED = 1e-6  # a Laplacian's second eigenvalue under this share of its largest: the graph is in pieces
+MIN_WINDOWS = 4  # fewer clustered windows than this hold no count to estimate: one speaker, unless told otherwise
+KMEANS_STARTS = 10
+KMEANS_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -37,68 +46,124 @@ class SpeakerCount:
         if self.num_speakers is not None and (low is not None or high is not None):
             raise OptionsError("give num_speakers or min_speakers/max_speakers, not both")
 
+    def bounds(self, n_points: int) -> tuple[int, int]:
+        """(least, most) speakers that ``n_points`` clustered windows may be split into."""
+        if self.num_speakers is not None:
+            return (min(self.num_speakers, n_points),) * 2
+        high = min(self.max_speakers or MAX_COUNT, n_points)
+        return min(self.min_speakers or 1, high), high
+
+
+@dataclass(frozen=True)
+class CountEstimate:
+    """The spectral count of one set of windows: ``count``, the neighbours ``p`` its graph keeps, and the eigengaps
+    ``gaps`` of its Laplacian (``gaps[k - 1]``: between the k-th and the (k+1)-th smallest eigenvalue)."""
+
+    count: int
+    p: int
+    gaps: np.ndarray
+    low: int = 1
+    high: int = 1
+
+    @property
+    def margin(self) -> float:
+        """The chosen count's eigengap over the largest other one in the allowed range (inf when none): how far
+        the count is from turning into another."""
+        others = np.delete(self.gaps[self.low - 1 : self.high], self.count - self.low)
+        return float(self.gaps[self.count - 1] / others.max()) if len(others) and others.max() > 0 else np.inf
+
 
 def cluster_windows(embeddings: np.ndarray, count: SpeakerCount | None = None,
                     reliable: np.ndarray | None = None) -> np.ndarray:
     """A cluster index for each window (0..k-1, in no particular order); an empty array for no windows.
     ``reliable`` (a mask): the windows clustered, the others only assigned to the nearest centroid (all windows
     when none is reliable)."""
-    count = count or SpeakerCount()
-    n = len(embeddings)
-    if n == 0:
+    if len(embeddings) == 0:
         return np.zeros(0, dtype=np.int64)
-    unit = normalized(embeddings)
-    candidates = np.flatnonzero(reliable) if reliable is not None and np.any(reliable) else np.arange(n)
-    chosen = candidates[np.unique(np.linspace(0, len(candidates) - 1, min(len(candidates), MAX_CLUSTERED))
-                                  .round().astype(int))]
-    points = unit[chosen].astype(np.float64)
-    if count.num_speakers is not None:
-        labels = agglomerate(points, stop_at=min(count.num_speakers, len(points)))
-    else:
-        labels = merge_small(points, agglomerate(points, threshold=DISTANCE_THRESHOLD))
-        found = len(np.unique(labels))
-        low, high = count.min_speakers or 1, count.max_speakers or found
-        if not low <= found <= high:
-            labels = agglomerate(points, stop_at=min(max(found, low), high, len(points)))
+    unit = normalized(np.asarray(embeddings, dtype=np.float64))
+    points = unit[clustered_indices(len(unit), reliable)]
+    labels = spectral_labels(points, estimate_count(points, count or SpeakerCount()))
     return nearest_centroid(unit, points, labels)
 
 
-def agglomerate(points: np.ndarray, threshold: float = np.inf, stop_at: int = 1) -> np.ndarray:
-    """Average linkage on cosine distance: the closest two clusters merged until ``stop_at`` remain or the closest
-    are ``threshold`` apart. Returns labels 0..k-1."""
+def clustered_indices(n: int, reliable: np.ndarray | None) -> np.ndarray:
+    """The windows clustered: the reliable ones (all when none is), at most MAX_CLUSTERED evenly spaced."""
+    candidates = np.flatnonzero(reliable) if reliable is not None and np.any(reliable) else np.arange(n)
+    keep = np.linspace(0, len(candidates) - 1, min(len(candidates), MAX_CLUSTERED)).round().astype(int)
+    return candidates[np.unique(keep)]
+
+
+def estimate_count(points: np.ndarray, count: SpeakerCount) -> CountEstimate:
+    """NME-SC's p and speaker count for unit ``points`` within ``count``'s bounds."""
     n = len(points)
-    distance = 1.0 - points @ points.T
-    np.fill_diagonal(distance, np.inf)
-    sizes = np.ones(n)
-    members = np.arange(n)
-    alive = n
-    while alive > stop_at:
-        flat = int(np.argmin(distance))
-        i, j = divmod(flat, n)
-        if distance[i, j] >= threshold:
+    low, high = count.bounds(n)
+    if n < MIN_WINDOWS or high == 1:
+        return CountEstimate(max(low, 1) if n >= MIN_WINDOWS else min(low, n), 1, np.zeros(1), low, high)
+    similarity = points @ points.T
+    largest = max(2, int(MAX_NEIGHBOUR_SHARE * n))
+    best: tuple[float, int, np.ndarray] | None = None
+    for p in np.unique(np.linspace(2, largest, P_STEPS).round().astype(int)).tolist() + list(range(largest + 1, n)):
+        eigenvalues = np.linalg.eigvalsh(laplacian(pruned_affinity(similarity, p)))
+        if eigenvalues[1] < CONNECTED * eigenvalues[-1]:  # a graph in pieces: its zero eigenvalues are no count
+            continue
+        if best is not None and p > largest:
             break
-        # the merged cluster's distance to every other: the size-weighted mean of its two parts' (average linkage)
-        merged = (sizes[i] * distance[i] + sizes[j] * distance[j]) / (sizes[i] + sizes[j])
-        distance[i], distance[:, i] = merged, merged
-        distance[i, i] = np.inf
-        distance[j], distance[:, j] = np.inf, np.inf
-        sizes[i] += sizes[j]
-        members[members == j] = i
-        alive -= 1
-    return np.unique(members, return_inverse=True)[1]
+        gaps = np.diff(eigenvalues)[:high]
+        ratio = p / max(float(gaps[low - 1 :].max() / max(eigenvalues[-1], 1e-10)), 1e-10)
+        if best is None or ratio < best[0]:
+            best = (ratio, p, gaps)
+    assert best is not None
+    _, p, gaps = best
+    return CountEstimate(low + int(np.argmax(gaps[low - 1 :])), p, gaps, low, high)
 
 
-def merge_small(points: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Clusters smaller than SMALL_CLUSTER of the windows (at least 2) moved to their nearest large cluster."""
-    ids, sizes = np.unique(labels, return_counts=True)
-    large = ids[sizes >= max(2, SMALL_CLUSTER * len(labels))]
-    if len(large) in (0, len(ids)):
-        return labels
-    small = ~np.isin(labels, large)
-    centroids = normalized(np.stack([points[labels == k].mean(axis=0) for k in large]))
-    labels = labels.copy()
-    labels[small] = large[np.argmax(points[small] @ centroids.T, axis=1)]
-    return np.unique(labels, return_inverse=True)[1]
+def pruned_affinity(similarity: np.ndarray, p: int) -> np.ndarray:
+    """Each row's ``p`` most similar other windows set to 1, the rest 0, then symmetrized: (B + B^T) / 2."""
+    n = len(similarity)
+    ranked = np.argsort(-(similarity - 2 * np.eye(n)), axis=1, kind="stable")[:, :p]
+    binary = np.zeros_like(similarity)
+    np.put_along_axis(binary, ranked, 1.0, axis=1)
+    return (binary + binary.T) / 2
+
+
+def laplacian(affinity: np.ndarray) -> np.ndarray:
+    """The unnormalized graph Laplacian D - A."""
+    return np.diag(affinity.sum(axis=1)) - affinity
+
+
+def spectral_labels(points: np.ndarray, estimate: CountEstimate) -> np.ndarray:
+    """Labels 0..k-1 of ``points``: k-means on the first ``estimate.count`` eigenvectors of the pruned graph's
+    Laplacian."""
+    n, k = len(points), estimate.count
+    if k <= 1 or n <= k:
+        return np.arange(n) if n <= k and k > 1 else np.zeros(n, dtype=np.int64)
+    _, vectors = np.linalg.eigh(laplacian(pruned_affinity(points @ points.T, estimate.p)))
+    return kmeans(vectors[:, :k], k)
+
+
+def kmeans(x: np.ndarray, k: int) -> np.ndarray:
+    """Lloyd's k-means from KMEANS_STARTS k-means++ starts (seeded: the same labels on every run), the lowest
+    inertia kept; labels renumbered 0..k-1 in order of first appearance."""
+    rng = np.random.default_rng(KMEANS_SEED)
+    best, best_inertia = None, np.inf
+    for _ in range(KMEANS_STARTS):
+        centres = x[[int(rng.integers(len(x)))]]
+        while len(centres) < k:  # k-means++: the next centre drawn in proportion to its squared distance
+            distance = ((x[:, None, :] - centres[None]) ** 2).sum(-1).min(axis=1)
+            total = distance.sum()
+            pick = int(rng.choice(len(x), p=distance / total)) if total > 0 else int(rng.integers(len(x)))
+            centres = np.vstack([centres, x[pick]])
+        for _ in range(100):
+            labels = ((x[:, None, :] - centres[None]) ** 2).sum(-1).argmin(axis=1)
+            moved = np.stack([x[labels == j].mean(axis=0) if np.any(labels == j) else centres[j] for j in range(k)])
+            if np.allclose(moved, centres):
+                break
+            centres = moved
+        inertia = float(((x - centres[labels]) ** 2).sum())
+        if inertia < best_inertia - 1e-12:
+            best, best_inertia = labels, inertia
+    assert best is not None
+    return np.unique(best, return_inverse=True)[1]
 
 
 def nearest_centroid(unit: np.ndarray, points: np.ndarray, labels: np.ndarray) -> np.ndarray:

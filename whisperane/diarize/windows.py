@@ -25,6 +25,7 @@ REGION_GAP = 0.2
 # on either side (benchmarks/results/2026-12-06-session35-diarize-cost.md).
 EDGE_PAD = 0.15
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
+WINDOW_HOP = WINDOW_SAMPLES
 # Windows shorter than a whole partial (a region under 1.6 s) embed less reliably, the more so as word spans hold
 # whatever sound lies between words: they are not clustered, only assigned to the nearest speaker
 # (benchmarks/results/2026-12-06-session35-diarize-cost.md).
@@ -80,7 +81,7 @@ def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
     length = region.n_samples
     if length <= WINDOW_SAMPLES:
         return [(region.start, region.end)]
-    count = length // WINDOW_SAMPLES  # at least one: the region is longer than a window
+    count = 1 + (length - WINDOW_SAMPLES) // WINDOW_HOP
     if count == 1:
         starts = [region.start + (length - WINDOW_SAMPLES) // 2]
     else:
