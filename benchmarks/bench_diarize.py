@@ -65,7 +65,7 @@ SETS = {
         (("jfk", "ls-2412", "ja"), "clean"), (("lj", "simplicissimus", "es", "pt"), "clean"),
         (("simplicissimus", "ls-2412"), "phone"), (("lj", "jfk", "fr"), "noisy"), (("jfk", "fr", "ja"), "clean"),
         (("lj", "simplicissimus"), "two-mics"), (("simplicissimus", "jfk", "pt"), "phone"),
-        (("lj", "ls-2412", "jfk", "es"), "noisy"), (("simplicissimus",), "clean"),
+        (("lj", "ls-2412", "jfk", "es"), "noisy"), (("simplicissimus",), "clean"), (("jfk",), "clean"),
     ),
     "held-out": (
         (("sonnet", "ls-1089"), "clean"), (("sonnet", "ls-1995"), "clean"), (("ls-1089", "ls-1272"), "clean"),
@@ -118,9 +118,12 @@ def read_16k_mono(path: Path) -> np.ndarray:
     return soxr.resample(x, sr, SAMPLE_RATE).astype(np.float32) if sr != SAMPLE_RATE else x
 
 
-def speaker_pools(corpus: Path, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-    """Each speaker's clips, trimmed of leading and trailing silence, one after another with 0.3 s between."""
-    entries = [json.loads(line) for line in (corpus / "manifest.jsonl").read_text().splitlines() if line.strip()]
+def speaker_pools(corpus: Path, names: Sequence[str] | None = None,
+                  exclude: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """Each speaker's clips (but the manifest ids in ``exclude``), trimmed of leading and trailing silence, one after
+    another with 0.3 s between."""
+    entries = [json.loads(line) for line in (corpus / "manifest.jsonl").read_text().splitlines()
+               if line.strip() and json.loads(line)["id"] not in exclude]
     gap = np.zeros(int(0.3 * SAMPLE_RATE), dtype=np.float32)
     pools = {}
     for speaker in names or SPEAKERS:

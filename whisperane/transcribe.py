@@ -48,15 +48,16 @@ def transcribe(
     check_options_for_model(options, model.is_multilingual)
     if not options.diarize:
         return _transcribe_in_mode(model, audio, options, progress, on_segment)
-    from .diarize.pipeline import diarize, stream_opener  # the speaker encoder: only when asked for
+    from .diarize.pipeline import diarize, known_speaker_embeddings, stream_opener  # only when asked for
     from .diarize.words import with_speakers
 
     open_again = stream_opener(audio)  # before the transcription: a stream read only once is refused at once
+    references = known_speaker_embeddings(options.known_speakers) if options.known_speakers else None  # as early
     result = _transcribe_in_mode(model, audio, options, progress, on_segment)
     # after it, on this thread: the transcript's words are the speech to embed (no VAD pass of its own), and beside
     # the transcription on a thread of its own it costs the decoder loop more than its own time
     # (benchmarks/results/2026-12-06-session34-diarize.md)
-    turns = diarize(open_again, result, options.speaker_count)
+    turns = diarize(open_again, result, options.speaker_count, references=references)
     return with_speakers(result, turns, model.tokenizer(result.language, options.task))
 
 
