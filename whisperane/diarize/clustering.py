@@ -8,9 +8,8 @@ most times the last one made. A telephone band or noise brings all of a file's v
 of microphone moves one voice away from itself, so that no one distance threshold holds across recordings; the
 largest jump moves with them. ``CountEstimate.margin`` says how far the count is from turning into another.
 At most MAX_CLUSTERED chunks are clustered (evenly spaced over the audio), so memory stays flat in the audio's
-length; the rest follow the centroids. NME-SC (spectral clustering with the normalized maximum eigengap) was
-measured in its place and found worse on the short speakers of the development set: the results file of
-``benchmarks/bench_diarize.py`` in the README's speaker section says by how much."""
+length; the rest follow the centroids. (Spectral clustering, which finds its own count from an eigengap, needs more
+points per speaker than a speaker with a few seconds has.)"""
 
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ from .encoder import SpeakerEncoder
 from .features import to_mels
 from .windows import WINDOW_HOP, WINDOW_SAMPLES, partial_power
 
-# Thresholds measured on the development set's clusters against every reference clip of its speakers
-# (benchmarks/results/2026-12-07-session38-diarize.md): a clip of the same voice reaches 0.62-0.95 (the low end
-# under noise and a telephone band), one of another voice 0.3-0.73.
+# A clip of the same voice as a cluster lies a little higher than one of another, in general, but noise and a
+# telephone band bring the two together: a name needs both a similarity and a lead over every rival (measured on
+# bench_diarize.py's development set).
 NAME_SIMILARITY = 0.65
 NAME_MARGIN = 0.10
 MIN_VOICE = WINDOW_SAMPLES  # a reference holds at least one whole window of voice (1.6 s)

@@ -14,9 +14,8 @@ from .clustering import centroids_of
 from .windows import SpeechWindows
 
 FRAME_SAMPLES = 160  # 10 ms
-# A speaker's pause shorter than this stays inside the turn (a breath); a longer one ends it, so that a turn ends
-# where the speech does: at 1.0 s, turns covered pauses that are no speech (false alarm 3.5 % of the development
-# set's speech against 2.1 % at 0.5; benchmarks/results/2026-12-07-session38-diarize.md).
+# A speaker's pause shorter than this stays inside the turn (a breath, and within the collar scorers allow at each
+# boundary); a longer one ends it, so that a turn ends where the speech does and covers no pause as speech.
 FILL_GAP = 0.5
 
 

@@ -26,8 +26,7 @@ REGION_GAP = 0.2
 EDGE_PAD = 0.15
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
 # Windows overlap by a quarter inside a region: more embeddings of a speaker with a few seconds, what lets the count
-# find such a speaker, for a fifth more encoder work (the development set's count right on 10 files of 12 against 7
-# with windows side by side; benchmarks/results/2026-12-07-session38-diarize.md).
+# find such a speaker, for a fifth more encoder work.
 WINDOW_HOP = 3 * WINDOW_SAMPLES // 4
 # Consecutive whole windows of one region, up to this long, make one chunk: the points clustered, each the mean of a
 # few seconds of one voice, steadier than one window's embedding.
