@@ -46,6 +46,9 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=f.name, default=default, **_argument_type(f), **meta)
         if str(f.type) == "bool":
             parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--speaker", dest="known_speakers", action="append", metavar="NAME=CLIP",
+                        help="with --diarize: a known speaker's name and a reference clip of the voice (2-10 s); "
+                             "repeatable")
     parser.add_argument("--temperature", type=float, default=0.0, help="first sampling temperature")
     parser.add_argument("--temperature-increment-on-fallback", type=optional_float, default=0.2,
                         help="added to the temperature on each fallback; none disables fallback")
@@ -54,6 +57,8 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> TranscribeOptions:
     """TranscribeOptions from parsed flags; raises OptionsError for invalid values."""
     values = {f.name: getattr(args, f.name) for f in fields(TranscribeOptions) if f.metadata.get("cli", True)}
+    if args.known_speakers:
+        values["known_speakers"] = known_speakers(args.known_speakers)
     start, step = args.temperature, args.temperature_increment_on_fallback
     if step is not None and step <= 0:
         raise OptionsError("--temperature-increment-on-fallback must be > 0 (or none)")
@@ -63,4 +68,17 @@ def options_from_args(args: argparse.Namespace) -> TranscribeOptions:
     return TranscribeOptions(**values, temperature=tuple(temps))
 
 
-__all__ = ["add_option_arguments", "options_from_args", "str2bool"]
+def known_speakers(pairs: list[str]) -> dict[str, str]:
+    """``--speaker NAME=CLIP`` flags as {name: clip}; OptionsError for a flag without ``=`` or a name given twice."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, clip = pair.partition("=")
+        if not sep or not name or not clip:
+            raise OptionsError(f"--speaker takes NAME=clip.wav, not {pair!r}")
+        if name in out:
+            raise OptionsError(f"--speaker {name} is given twice")
+        out[name] = clip
+    return out
+
+
+__all__ = ["add_option_arguments", "known_speakers", "options_from_args", "str2bool"]

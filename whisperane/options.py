@@ -9,8 +9,12 @@ the command lines' flags, so a new option is one field.
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 from .diarize.clustering import SpeakerCount
 from .errors import OptionsError
@@ -77,6 +81,9 @@ class TranscribeOptions:
     num_speakers: int | None = field(default=None, metadata=_help("with diarize: the number of speakers (else estimated)"))
     min_speakers: int | None = field(default=None, metadata=_help("with diarize: at least this many speakers"))
     max_speakers: int | None = field(default=None, metadata=_help("with diarize: at most this many speakers"))
+    known_speakers: dict | None = field(default=None, metadata=_help(
+        "with diarize: {name: reference clip (a path or a 16 kHz array, 2-10 s of the voice)}: a speaker whose voice "
+        "matches one is labelled with its name (the CLI's --speaker NAME=clip.wav)", cli=False))
     prefill: str = field(default="exact", metadata=_help("exact prefix, or WhisperKit's prefill lookup table", choices=PREFILLS))
     alignment: str = field(default="teacher-forced", metadata=_help(
         "word-timing rows: a teacher-forced pass, or gathered while decoding", choices=ALIGNMENTS))
@@ -225,8 +232,23 @@ def _speaker_options(options: TranscribeOptions) -> None:
     counts = {name: getattr(options, name) for name in ("num_speakers", "min_speakers", "max_speakers")}
     SpeakerCount(**counts)
     given = [name for name, value in counts.items() if value is not None]
+    if options.known_speakers is not None:
+        _known_speakers(options.known_speakers)
+        given.append("known_speakers")
     if given and options.diarize is not True:
         raise OptionsError(f"{given[0]} applies to speaker labels: add diarize")
+
+
+def _known_speakers(known: object) -> None:
+    """Names (one word each, not a SPEAKER_nn label, as RTTM has them) mapped to paths or arrays."""
+    if not isinstance(known, dict) or not known:
+        raise OptionsError("known_speakers must map speaker names to reference clips (paths or arrays)")
+    for name, clip in known.items():
+        if not isinstance(name, str) or not re.fullmatch(r"\S{1,64}", name) or name.startswith("SPEAKER_"):
+            raise OptionsError(f"known speaker name {name!r}: one word of at most 64 characters, not SPEAKER_nn")
+        if not isinstance(clip, (str, os.PathLike, np.ndarray)):
+            raise OptionsError(f"known speaker {name!r}: the reference must be a path or an array, not "
+                               f"{type(clip).__name__}")
 
 
 def _search_options(best_of, beam_size, patience, length_penalty) -> None:

@@ -76,11 +76,13 @@ class Transcription:
                                "or an array")
         self.model, self.audio, self.options = model, audio, options
         self.result: TranscriptionResult | None = None
-        self._open_again = None
+        self._open_again = self._references = None
         if options.diarize:
-            from .diarize.pipeline import stream_opener  # the speaker encoder: only when asked for
+            from .diarize.pipeline import known_speaker_embeddings, stream_opener  # only when asked for
 
             self._open_again = stream_opener(audio)  # a stream read only once is refused here, at once
+            if options.known_speakers:  # a bad reference clip too
+                self._references = known_speaker_embeddings(options.known_speakers)
 
     def __iter__(self) -> Iterator[WindowDone]:
         result = yield from self._windows()
@@ -91,7 +93,7 @@ class Transcription:
             # after the transcription, on this thread: the transcript's words are the speech to embed (no VAD pass
             # of its own), and beside the transcription on a thread of its own it costs the decoder loop more than
             # its own time
-            turns = diarize(self._open_again, result, self.options.speaker_count)
+            turns = diarize(self._open_again, result, self.options.speaker_count, references=self._references)
             result = with_speakers(result, turns, self.model.tokenizer(result.language, self.options.task))
         self.result = result
 

@@ -1,9 +1,15 @@
-"""Speakers from window embeddings: average-linkage agglomerative clustering on cosine distance, stopped at a
-distance threshold (the speaker count estimated) or at a given count, clusters too small to be a speaker merged
-into their nearest, and every window then assigned to its nearest centroid. At most MAX_CLUSTERED windows are
-clustered (evenly spaced over the audio), so memory stays flat in the audio's length; the rest follow the
-centroids. The small-cluster rule: benchmarks/results/2026-12-06-session34-diarize.md; the threshold, the middle of
-the range where every count is right over the transcript's speech: benchmarks/results/2026-12-06-session35-diarize-cost.md."""
+"""Speakers from window embeddings. The points clustered are chunks (``SpeechWindows.chunks``: a few seconds of
+one region each, the normalized mean of its windows), merged by average linkage on cosine distance; every window
+is then assigned to its nearest cluster centroid.
+
+The count is where the dendrogram's merge distances jump most, by ratio: merges closer than LINK_ALWAYS are always
+made, merges farther than LINK_NEVER never, and between the two the tree is cut where the next merge distance is the
+most times the last one made. A telephone band or noise brings all of a file's voices closer together, and a change
+of microphone moves one voice away from itself, so that no one distance threshold holds across recordings; the
+largest jump moves with them. ``CountEstimate.margin`` says how far the count is from turning into another.
+At most MAX_CLUSTERED chunks are clustered (evenly spaced over the audio), so memory stays flat in the audio's
+length; the rest follow the centroids. (Spectral clustering, which finds its own count from an eigengap, needs more
+points per speaker than a speaker with a few seconds has.)"""
 
 from __future__ import annotations
 
@@ -13,9 +19,13 @@ import numpy as np
 
 from ..errors import OptionsError
 
-DISTANCE_THRESHOLD = 0.45  # cosine distance between clusters' average linkage at which merging stops
-SMALL_CLUSTER = 0.05  # a cluster of fewer windows than this share (and at least 2) is not a speaker of its own
-MAX_CLUSTERED = 800  # windows clustered directly: an 800 x 800 distance matrix, 5 MB
+LINK_ALWAYS = 0.30  # cosine distance (average linkage) under which two clusters are always one speaker
+LINK_NEVER = 0.45  # and at or over which they are never merged
+# Fewer points than this (chunks: under 15-20 s of speech) hold too few merges for their largest jump to mean a
+# speaker: they are merged up to LINK_NEVER.
+MIN_JUMP_POINTS = 6
+MAX_COUNT = 12  # the largest count estimated when no max_speakers is given
+MAX_CLUSTERED = 600  # chunks clustered directly: a 600 x 600 distance matrix, 3 MB
 
 
 @dataclass(frozen=True)
@@ -37,73 +47,92 @@ class SpeakerCount:
         if self.num_speakers is not None and (low is not None or high is not None):
             raise OptionsError("give num_speakers or min_speakers/max_speakers, not both")
 
+    def bounds(self, n_points: int) -> tuple[int, int]:
+        """(least, most) speakers ``n_points`` clustered points may be split into (at least 1 point)."""
+        if self.num_speakers is not None:
+            return (min(self.num_speakers, n_points),) * 2
+        high = min(self.max_speakers or MAX_COUNT, n_points)
+        return min(self.min_speakers or 1, high), high
 
-def cluster_windows(embeddings: np.ndarray, count: SpeakerCount | None = None,
-                    reliable: np.ndarray | None = None) -> np.ndarray:
-    """A cluster index for each window (0..k-1, in no particular order); an empty array for no windows.
-    ``reliable`` (a mask): the windows clustered, the others only assigned to the nearest centroid (all windows
-    when none is reliable)."""
-    count = count or SpeakerCount()
-    n = len(embeddings)
-    if n == 0:
+
+@dataclass(frozen=True)
+class CountEstimate:
+    """The count of one set of points: ``count``, and ``jumps``: for each count k considered, the ratio of the
+    merge distance that would leave k - 1 clusters to the one that left k (LINK_NEVER and LINK_ALWAYS standing in
+    for the merges before the first and after the last)."""
+
+    count: int
+    jumps: dict[int, float]
+
+    @property
+    def margin(self) -> float:
+        """The chosen count's jump over the largest other one (inf when no other count was considered)."""
+        others = [v for k, v in self.jumps.items() if k != self.count]
+        return self.jumps[self.count] / max(others) if others else np.inf
+
+
+def cluster_windows(embeddings: np.ndarray, chunks: np.ndarray, count: SpeakerCount | None = None) -> np.ndarray:
+    """A speaker index for each window (0..k-1, in no particular order); an empty array for no windows. ``chunks``
+    (``SpeechWindows.chunks``): the chunk of each window, -1 for a window only assigned, not clustered (every window
+    is its own chunk when none has one)."""
+    if len(embeddings) == 0:
         return np.zeros(0, dtype=np.int64)
-    unit = normalized(embeddings)
-    candidates = np.flatnonzero(reliable) if reliable is not None and np.any(reliable) else np.arange(n)
-    chosen = candidates[np.unique(np.linspace(0, len(candidates) - 1, min(len(candidates), MAX_CLUSTERED))
-                                  .round().astype(int))]
-    points = unit[chosen].astype(np.float64)
-    if count.num_speakers is not None:
-        labels = agglomerate(points, stop_at=min(count.num_speakers, len(points)))
-    else:
-        labels = merge_small(points, agglomerate(points, threshold=DISTANCE_THRESHOLD))
-        found = len(np.unique(labels))
-        low, high = count.min_speakers or 1, count.max_speakers or found
-        if not low <= found <= high:
-            labels = agglomerate(points, stop_at=min(max(found, low), high, len(points)))
-    return nearest_centroid(unit, points, labels)
+    unit = normalized(np.asarray(embeddings, dtype=np.float64))
+    points = chunk_points(unit, chunks if np.any(chunks >= 0) else np.arange(len(unit)))
+    merges = average_linkage(points)
+    labels = cut(len(points), merges, estimate_count(merges, len(points), count or SpeakerCount()).count)
+    assigned = np.argmax(unit @ centroids_of(points, labels).T, axis=1)
+    return np.unique(assigned, return_inverse=True)[1]
 
 
-def agglomerate(points: np.ndarray, threshold: float = np.inf, stop_at: int = 1) -> np.ndarray:
-    """Average linkage on cosine distance: the closest two clusters merged until ``stop_at`` remain or the closest
-    are ``threshold`` apart. Returns labels 0..k-1."""
+def chunk_points(unit: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """The normalized mean of each chunk's windows, at most MAX_CLUSTERED chunks evenly spaced [m, dim]."""
+    ids = np.unique(chunks[chunks >= 0])
+    ids = ids[np.unique(np.linspace(0, len(ids) - 1, min(len(ids), MAX_CLUSTERED)).round().astype(int))]
+    return normalized(np.stack([unit[chunks == k].mean(axis=0) for k in ids]))
+
+
+def average_linkage(points: np.ndarray) -> list[tuple[int, int, float]]:
+    """The merges (kept cluster, absorbed cluster, cosine distance) of average-linkage clustering down to one
+    cluster, in order (distances never decrease); a cluster is named by its first point."""
     n = len(points)
     distance = 1.0 - points @ points.T
     np.fill_diagonal(distance, np.inf)
     sizes = np.ones(n)
-    members = np.arange(n)
-    alive = n
-    while alive > stop_at:
-        flat = int(np.argmin(distance))
-        i, j = divmod(flat, n)
-        if distance[i, j] >= threshold:
-            break
+    merges = []
+    for _ in range(n - 1):
+        i, j = divmod(int(np.argmin(distance)), n)
+        i, j = min(i, j), max(i, j)
+        merges.append((i, j, float(distance[i, j])))
         # the merged cluster's distance to every other: the size-weighted mean of its two parts' (average linkage)
         merged = (sizes[i] * distance[i] + sizes[j] * distance[j]) / (sizes[i] + sizes[j])
         distance[i], distance[:, i] = merged, merged
         distance[i, i] = np.inf
         distance[j], distance[:, j] = np.inf, np.inf
         sizes[i] += sizes[j]
-        members[members == j] = i
-        alive -= 1
-    return np.unique(members, return_inverse=True)[1]
+    return merges
 
 
-def merge_small(points: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Clusters smaller than SMALL_CLUSTER of the windows (at least 2) moved to their nearest large cluster."""
-    ids, sizes = np.unique(labels, return_counts=True)
-    large = ids[sizes >= max(2, SMALL_CLUSTER * len(labels))]
-    if len(large) in (0, len(ids)):
-        return labels
-    small = ~np.isin(labels, large)
-    centroids = normalized(np.stack([points[labels == k].mean(axis=0) for k in large]))
-    labels = labels.copy()
-    labels[small] = large[np.argmax(points[small] @ centroids.T, axis=1)]
-    return np.unique(labels, return_inverse=True)[1]
+def estimate_count(merges: list[tuple[int, int, float]], n: int, count: SpeakerCount) -> CountEstimate:
+    """The count of ``n`` points from their merges, within ``count``'s bounds: the largest jump among the counts
+    LINK_ALWAYS and LINK_NEVER allow (among all counts in bounds when they allow none in bounds)."""
+    low, high = count.bounds(n)
+    # leaves[k]: the distance of the merge that left k clusters; the band's edges beyond the first and last merge
+    leaves = {0: LINK_NEVER, n: LINK_ALWAYS} | {n - 1 - m: d for m, (_, _, d) in enumerate(merges)}
+    jumps = {k: leaves[k - 1] / max(leaves[k], 1e-9) for k in range(low, high + 1)}
+    allowed = {k: v for k, v in jumps.items() if leaves[k] < LINK_NEVER and leaves[k - 1] >= LINK_ALWAYS}
+    if n < MIN_JUMP_POINTS and allowed:  # too few merges for a telling jump: the fewest clusters the band allows
+        allowed = {min(allowed): allowed[min(allowed)]}
+    considered = allowed or jumps
+    return CountEstimate(max(considered, key=lambda k: (considered[k], -k)), considered)
 
 
-def nearest_centroid(unit: np.ndarray, points: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Every window's nearest cluster centroid (the clustered windows keep theirs where it is nearest)."""
-    return np.argmax(unit @ centroids_of(points, labels).T, axis=1)
+def cut(n: int, merges: list[tuple[int, int, float]], k: int) -> np.ndarray:
+    """Labels 0..k-1 of ``n`` points after the first n - k merges."""
+    owner = np.arange(n)
+    for i, j, _ in merges[: n - k]:
+        owner[owner == j] = i
+    return np.unique(owner, return_inverse=True)[1]
 
 
 def centroids_of(points: np.ndarray, labels: np.ndarray) -> np.ndarray:

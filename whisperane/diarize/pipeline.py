@@ -1,19 +1,20 @@
 """Diarization of one transcribed audio: windows over the transcript's speech and their embeddings (``windows``),
-speakers by clustering (``clustering``), turns (``turns``); ``with_speakers`` (``words``) puts them on the
-transcript."""
+speakers by clustering (``clustering``), named where they match a known speaker (``references``), turns
+(``turns``); ``with_speakers`` (``words``) puts them on the transcript."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from ..audio import AudioStream, open_audio
 from ..errors import OptionsError
 from ..result import SpeakerTurn, TranscriptionResult
-from .clustering import SpeakerCount, cluster_windows
+from .clustering import SpeakerCount, centroids_of, cluster_windows
 from .encoder import SpeakerEncoder, default_encoder
+from .references import reference_embeddings, speaker_names
 from .turns import speaker_turns
 from .windows import embed_speech, transcript_speech
 
@@ -29,10 +30,21 @@ def stream_opener(audio: str | os.PathLike | np.ndarray | AudioStream) -> Callab
 
 
 def diarize(open_stream: Callable[[], AudioStream], transcript: TranscriptionResult,
-            count: SpeakerCount | None = None, encoder: SpeakerEncoder | None = None) -> tuple[SpeakerTurn, ...]:
-    """Who spoke when in the transcribed audio ``open_stream()`` opens: speaker turns in time order, labelled
-    SPEAKER_00, ... in order of first speech."""
+            count: SpeakerCount | None = None, encoder: SpeakerEncoder | None = None,
+            references: Mapping[str, np.ndarray] | None = None) -> tuple[SpeakerTurn, ...]:
+    """Who spoke when in the transcribed audio ``open_stream()`` opens: speaker turns in time order, labelled with
+    the name of the known speaker they match (``references``: ``known_speaker_embeddings``), the others SPEAKER_00,
+    ... in order of first speech."""
     with open_stream() as stream:
         windows = embed_speech(stream, transcript_speech(transcript), encoder or default_encoder(),
                                transcript.duration)
-    return speaker_turns(windows, cluster_windows(windows.embeddings, count or SpeakerCount(), windows.reliable))
+    clusters = cluster_windows(windows.embeddings, windows.chunks, count)
+    names = speaker_names(centroids_of(windows.embeddings.astype(np.float64), clusters), references) \
+        if references and len(clusters) else {}
+    return speaker_turns(windows, clusters, names)
+
+
+def known_speaker_embeddings(known: Mapping[str, str | os.PathLike | np.ndarray],
+                             encoder: SpeakerEncoder | None = None) -> dict[str, np.ndarray]:
+    """The known speakers' reference embeddings, read before the transcription: a bad clip fails at once."""
+    return reference_embeddings(known, encoder or default_encoder())

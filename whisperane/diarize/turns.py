@@ -4,6 +4,8 @@ FILL_GAP are joined, and labels are numbered SPEAKER_00, SPEAKER_01, ... in orde
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..audio import SAMPLE_RATE
@@ -12,16 +14,19 @@ from .clustering import centroids_of
 from .windows import SpeechWindows
 
 FRAME_SAMPLES = 160  # 10 ms
-# A speaker's pause shorter than this stays inside the turn (a breath, a sentence break), as annotators mark turns.
-FILL_GAP = 1.0
+# A speaker's pause shorter than this stays inside the turn (a breath, and within the collar scorers allow at each
+# boundary); a longer one ends it, so that a turn ends where the speech does and covers no pause as speech.
+FILL_GAP = 0.5
 
 
 def label(index: int) -> str:
     return f"SPEAKER_{index:02d}"
 
 
-def speaker_turns(windows: SpeechWindows, clusters: np.ndarray) -> tuple[SpeakerTurn, ...]:
-    """Turns (seconds, labels in order of first speech) from each window's cluster."""
+def speaker_turns(windows: SpeechWindows, clusters: np.ndarray,
+                  names: Mapping[int, str] | None = None) -> tuple[SpeakerTurn, ...]:
+    """Turns (seconds) from each window's cluster, labelled by ``names`` (cluster -> a known speaker's name) and
+    the other clusters SPEAKER_00, SPEAKER_01, ... in order of first speech."""
     if len(windows) == 0:
         return ()
     centroids = centroids_of(windows.embeddings.astype(np.float64), clusters)
@@ -31,7 +36,7 @@ def speaker_turns(windows: SpeechWindows, clusters: np.ndarray) -> tuple[Speaker
         inside = np.flatnonzero(windows.regions_of == index)
         if len(inside):
             raw += region_runs(region.start, region.end, windows.spans[inside], similarity[inside])
-    return numbered(joined(raw))
+    return numbered(joined(raw), names or {})
 
 
 def region_runs(start: int, end: int, spans: np.ndarray, similarity: np.ndarray) -> list[tuple[int, int, int]]:
@@ -67,8 +72,9 @@ def joined(raw: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     return out
 
 
-def numbered(raw: list[tuple[int, int, int]]) -> tuple[SpeakerTurn, ...]:
-    order: dict[int, str] = {}
+def numbered(raw: list[tuple[int, int, int]], names: Mapping[int, str]) -> tuple[SpeakerTurn, ...]:
+    order: dict[int, str] = dict(names)
     for _, _, cluster in raw:
-        order.setdefault(cluster, label(len(order)))
+        if cluster not in order:
+            order[cluster] = label(len(order) - len(names))
     return tuple(SpeakerTurn(order[c], round(s / SAMPLE_RATE, 3), round(e / SAMPLE_RATE, 3)) for s, e, c in raw)

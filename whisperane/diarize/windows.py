@@ -25,6 +25,12 @@ REGION_GAP = 0.2
 # on either side (benchmarks/results/2026-12-06-session35-diarize-cost.md).
 EDGE_PAD = 0.15
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
+# Windows overlap by a quarter inside a region: more embeddings of a speaker with a few seconds, what lets the count
+# find such a speaker, for a fifth more encoder work.
+WINDOW_HOP = 3 * WINDOW_SAMPLES // 4
+# Consecutive whole windows of one region, up to this long, make one chunk: the points clustered, each the mean of a
+# few seconds of one voice, steadier than one window's embedding.
+CHUNK_SAMPLES = 4 * SAMPLE_RATE
 # Windows shorter than a whole partial (a region under 1.6 s) embed less reliably, the more so as word spans hold
 # whatever sound lies between words: they are not clustered, only assigned to the nearest speaker
 # (benchmarks/results/2026-12-06-session35-diarize-cost.md).
@@ -50,6 +56,18 @@ class SpeechWindows:
         """Windows of at least RELIABLE_SAMPLES of speech: those the speakers are found from."""
         return (self.spans[:, 1] - self.spans[:, 0]) >= RELIABLE_SAMPLES
 
+    @property
+    def chunks(self) -> np.ndarray:
+        """The chunk of each reliable window (0, 1, ... in time order; -1 for the others): consecutive reliable
+        windows of one region, a chunk spanning at most CHUNK_SAMPLES."""
+        out = np.full(len(self), -1, dtype=np.int64)
+        chunk, start, region = -1, 0, -1
+        for i in np.flatnonzero(self.reliable):
+            if self.regions_of[i] != region or self.spans[i, 1] - start > CHUNK_SAMPLES:
+                chunk, start, region = chunk + 1, int(self.spans[i, 0]), int(self.regions_of[i])
+            out[i] = chunk
+        return out
+
 
 def transcript_speech(result: TranscriptionResult) -> tuple[SpeechRegion, ...]:
     """The speech regions of a transcript: its words' spans (a segment's own where it has no words), joined where
@@ -73,14 +91,13 @@ def transcript_speech(result: TranscriptionResult) -> tuple[SpeechRegion, ...]:
 
 
 def window_spans(region: SpeechRegion) -> list[tuple[int, int]]:
-    """As many whole windows of WINDOW_SAMPLES as the region holds, spread evenly from its start to its end (a single
-    one in its middle): the frames outside them (less than a window's length in all) go with the nearest, and the
-    encoder's work is about one partial per 1.6 s of speech. A region shorter than a window is one window of its
-    own length."""
+    """Whole windows of WINDOW_SAMPLES, as many as fit at least WINDOW_HOP apart, spread evenly from the region's
+    start to its end (a single one in its middle): the encoder's work is about one partial per WINDOW_HOP of speech.
+    A region shorter than a window is one window of its own length."""
     length = region.n_samples
     if length <= WINDOW_SAMPLES:
         return [(region.start, region.end)]
-    count = length // WINDOW_SAMPLES  # at least one: the region is longer than a window
+    count = 1 + (length - WINDOW_SAMPLES) // WINDOW_HOP
     if count == 1:
         starts = [region.start + (length - WINDOW_SAMPLES) // 2]
     else:

@@ -39,7 +39,10 @@ EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_
 UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
 READ_BLOCK = 30 * SAMPLE_RATE  # samples an upload's decode reads between two checks of its job
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
-                 "stream")
+                 "stream", "known_speaker_names[]", "known_speaker_references[]")
+# OpenAI's known speakers: at most 4, each a data URL of 2-10 s of audio (10 s of 48 kHz stereo WAV is 2.6 MB in base64)
+MAX_KNOWN_SPEAKERS = 4
+MAX_REFERENCE_BYTES = 3 * 2**20
 
 
 class ApiError(Exception):
@@ -134,6 +137,8 @@ class _Parser:
             self.file = os.fdopen(fd, "wb")
         elif sum(len(v) for v in self.upload.fields.values()) >= MAX_FIELDS:
             raise ApiError(400, "too many form fields")
+        elif self.name.startswith("known_speaker_") and len(self.upload.fields.get(self.name, ())) >= MAX_KNOWN_SPEAKERS:
+            raise ApiError(400, f"at most {MAX_KNOWN_SPEAKERS} known speakers", param=self.name)
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self.file is not None:
@@ -141,7 +146,7 @@ class _Parser:
             self.upload.size += end - start
         else:
             self.data += data[start:end]
-            if len(self.data) > MAX_FIELD_BYTES:
+            if len(self.data) > (MAX_REFERENCE_BYTES if self.name == "known_speaker_references[]" else MAX_FIELD_BYTES):
                 raise ApiError(400, f"the form field '{self.name}' is too long", param=self.name)
 
     def on_part_end(self) -> None:
@@ -215,7 +220,7 @@ async def read_upload(content_type: str | None, body: AsyncIterator[bytes], max_
     try:
         async for chunk in body:
             received += len(chunk)
-            if received > max_bytes + MAX_FIELDS * MAX_FIELD_BYTES // 16:  # the file plus a few form fields
+            if received > max_bytes + MAX_FIELDS * MAX_FIELD_BYTES // 16 + MAX_KNOWN_SPEAKERS * MAX_REFERENCE_BYTES:
                 raise too_large(max_bytes)
             parser.write(chunk)
             if upload.size > max_bytes:
@@ -309,6 +314,8 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
                                code="invalid_option")
     if "word" in granularities and kwargs.get("word_timestamps") is False:
         raise ApiError(400, "word timestamps were asked for with word_timestamps=false", param="word_timestamps")
+    if "known_speaker_names[]" in upload.fields or "known_speaker_references[]" in upload.fields:
+        kwargs["known_speakers"] = known_speakers(upload)
     stream = _flag("stream", upload.value("stream") or "false")
     if response_format == "diarized_json":  # OpenAI's speaker segments: diarize implied
         kwargs["diarize"] = kwargs.get("diarize", True)
@@ -319,6 +326,22 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
     except (OptionsError, TypeError) as e:
         raise options_error(e) from None
     return RequestOptions(model, response_format, stream, granularities, transcribe)
+
+
+def known_speakers(upload: Upload) -> dict[str, np.ndarray]:
+    """OpenAI's ``known_speaker_names[]`` and ``known_speaker_references[]`` (data URLs), pair by pair, decoded."""
+    from ..diarize.references import audio_from_data_url  # base64 and a temporary file: only when sent
+
+    names = upload.fields.get("known_speaker_names[]", [])
+    references = upload.fields.get("known_speaker_references[]", [])
+    if len(names) != len(references):
+        raise ApiError(400, f"{len(names)} known_speaker_names[] for {len(references)} known_speaker_references[]: "
+                       "give one reference per name", param="known_speaker_references[]")
+    try:
+        return {name: audio_from_data_url(url, f"the reference of known speaker {name!r}")
+                for name, url in zip(names, references, strict=True)}
+    except WhisperaneError as e:
+        raise ApiError(400, str(e), param="known_speaker_references[]", code="invalid_file") from None
 
 
 def options_error(e: OptionsError | TypeError) -> ApiError:
