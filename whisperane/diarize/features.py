@@ -38,8 +38,7 @@ def mel_power(audio: np.ndarray, filters: np.ndarray) -> np.ndarray:
 def to_mels(power: np.ndarray, filters: np.ndarray) -> np.ndarray:
     """Power spectra [..., N_FFT // 2 + 1] through the mel filters [n_mels, N_FFT // 2 + 1]. Each triangular filter
     is summed over its own bins, without BLAS: numpy's BLAS threads keep spinning after a product and take a core
-    from the ONNX Runtime call that follows (the speaker encoder ran at half speed beside them,
-    benchmarks/results/2026-12-06-session35-diarize-cost.md)."""
+    from the ONNX Runtime call that follows (the speaker encoder ran at half speed beside them)."""
     shape = power.shape
     flat = power.reshape(-1, shape[-1])
     out = np.zeros((len(flat), filters.shape[0]), dtype=np.float32)

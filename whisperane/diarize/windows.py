@@ -22,7 +22,7 @@ from .speaker_model import EMBEDDING_SIZE, HOP_LENGTH, PARTIAL_FRAMES
 # more often than not, and a window never spans one.
 REGION_GAP = 0.2
 # Word times from the alignment heads start a little late and end a little early: each region is widened by this much
-# on either side (benchmarks/results/2026-12-06-session35-diarize-cost.md).
+# on either side.
 EDGE_PAD = 0.15
 WINDOW_SAMPLES = PARTIAL_FRAMES * HOP_LENGTH  # 1.6 s: the encoder's partial utterance
 # Windows overlap by a quarter inside a region: more embeddings of a speaker with a few seconds, what lets the count
@@ -32,8 +32,7 @@ WINDOW_HOP = 3 * WINDOW_SAMPLES // 4
 # few seconds of one voice, steadier than one window's embedding.
 CHUNK_SAMPLES = 4 * SAMPLE_RATE
 # Windows shorter than a whole partial (a region under 1.6 s) embed less reliably, the more so as word spans hold
-# whatever sound lies between words: they are not clustered, only assigned to the nearest speaker
-# (benchmarks/results/2026-12-06-session35-diarize-cost.md).
+# whatever sound lies between words: they are not clustered, only assigned to the nearest speaker.
 RELIABLE_SAMPLES = WINDOW_SAMPLES
 
 
