@@ -118,11 +118,14 @@ class AudioStream:
             cause = "no decodable audio (truncated or corrupt)" if compressed else "contains no audio samples"
             raise AudioError(f"{self.name}: {cause}")
         self._header_frames, self._format = int(file.frames), file.format
-        if isinstance(file, DecodedAudio):  # a container that states its length (MP4, Matroska, Ogg)
-            self._length_declared = file.length_declared
+        if isinstance(file, DecodedAudio):
+            # A container's stated length (MP4, Matroska, Ogg) leaves out the encoder's padding that FFmpeg decodes
+            # (and openai-whisper and faster-whisper transcribe): good for a limit, the exact length is counted.
+            self._length_declared, self._length_known = file.length_declared, False
         else:
             self._length_declared = file.format == "MP3" and mp3_declares_length(self.name)
-        self._length_known = self._header_frames < UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
+            self._length_known = self._header_frames < UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
+        self._length_stated = self._length_known or self._length_declared
         self._total_frames = self._header_frames if self._length_known else None  # None: counted when asked
         self._block_frames = max(1, int(block_seconds * self.source_sample_rate))
         self._history = int(history_seconds * self.sample_rate)
@@ -143,7 +146,7 @@ class AudioStream:
         self._buf_start = self._keep_from = 0
         self._exhausted = self.in_memory = True
         self._header_frames = self._total_frames = self._frames_read = len(self._buf)
-        self._length_known = True
+        self._length_known = self._length_stated = True
         return self
 
     # -- size ----------------------------------------------------------------------------------------
@@ -155,11 +158,20 @@ class AudioStream:
 
     @property
     def length_known(self) -> bool:
-        """True when the header's length is exact (to a codec frame for MP4, Matroska/WebM and Ogg read through
-        PyAV or ffmpeg): False for a FLAC without its total (written by a streaming encoder), an MP3 without a
-        Xing/Info/VBRI header, whose length libsndfile guesses from the file size, a WebM recorded as a stream and
-        formats whose length FFmpeg only estimates (ADTS AAC)."""
+        """True when the header's length is exact: False for a FLAC without its total (written by a streaming
+        encoder), an MP3 without a Xing/Info/VBRI header, whose length libsndfile guesses from the file size, and
+        the containers PyAV or ffmpeg decode (see ``stated_samples``)."""
         return self._length_known
+
+    @property
+    def stated_samples(self) -> int | None:
+        """The length the header states, at ``sample_rate``, for a limit to refuse a file on before decoding it:
+        the exact length where ``length_known``, a container's length for an MP4, most WebM and Ogg files (a few
+        milliseconds short of what decodes: the encoder's padding); None where the header states none (a guess
+        from the file size is not a statement)."""
+        if not self._length_stated:
+            return None
+        return round(self._header_frames * self.sample_rate / self.source_sample_rate)
 
     @property
     def buffered_samples(self) -> int:
@@ -235,7 +247,9 @@ class AudioStream:
             raise
         self._frames_read += len(block)
         mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
-        last = len(block) == 0
+        # A decoder says where its output ends, so that a block reaching past a header's length (an encoder's
+        # padding after it) ends the stream with its exact length, not one read later.
+        last = len(block) == 0 or (isinstance(self._file, DecodedAudio) and self._file.ended)
         if last:
             self._exhausted = True
             self.close()
@@ -293,15 +307,16 @@ def _open_file(name: str, sample_rate: int) -> sf.SoundFile | DecodedAudio:
 
 def probe_duration(source: AudioSource, limit_seconds: float) -> float:
     """The exact length of ``source`` in seconds, for a length limit checked before transcribing: from the header
-    where it is exact, else decoded forward, stopping once past ``limit_seconds`` (the length returned is then just
-    over the limit). Float PCM, the only kind whose values can be NaN, infinite or absurd, is read through (up to
+    where it is exact or states more than ``limit_seconds``, else decoded forward, stopping once past
+    ``limit_seconds`` (the length returned is then just over the limit). Float PCM, the only kind whose values can be NaN, infinite or absurd, is read through (up to
     the limit) so that such a file fails here, with the AudioError the transcription would raise later."""
     with open_audio(source) as stream:
         if stream.in_memory:  # an array: checked whole already
             return stream.duration
         assert stream._file is not None  # a fresh stream: nothing read yet
         rate, float_pcm = stream.source_sample_rate, stream._file.subtype in ("FLOAT", "DOUBLE")
-        if stream.length_known and (not float_pcm or stream._header_frames > limit_seconds * rate):
+        over_limit = stream._length_stated and stream._header_frames > limit_seconds * rate
+        if over_limit or (stream.length_known and not float_pcm):
             return stream._header_frames / rate
         limit = int(limit_seconds * rate) if math.isfinite(limit_seconds) else None
         return count_frames(stream._file, stream.name, limit) / rate

@@ -3,6 +3,11 @@
 mono float32 samples at the rate asked for, block by block, through the reading interface
 :class:`whisperane.audio.AudioStream` uses for a soundfile, so memory does not grow with the length; the length is
 taken from the container where it states it, so that a limit can refuse a file before any of it is decoded.
+
+The samples are those openai-whisper's ``load_audio`` (ffmpeg to 16-bit mono) and faster-whisper's ``decode_audio``
+(PyAV to 16-bit mono) read: FFmpeg's swresample resamples and downmixes to 16-bit, then the values are scaled to
+[-1, 1). The rounding to 16 bits is kept on purpose: the int8 decoders' timestamps move with differences that
+small, and these are the samples both references transcribe.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ DECODERS = ("av", "ffmpeg")
 # Containers that state a track's length: MP4's sample tables, Matroska's durations, Ogg's last granule position.
 # Elsewhere (ADTS AAC, raw MP3, ...) FFmpeg estimates it from the bit rate, which can be far off: it is counted.
 CONTAINER_LABELS = {"mov,mp4,m4a,3gp,3g2,mj2": "MP4", "matroska,webm": "Matroska", "ogg": "Ogg"}
-PIPE_BLOCK_BYTES = 4 * 16000  # one second of ffmpeg's 16 kHz float output per read of its pipe
+PIPE_BLOCK_BYTES = 2 * 16000  # one second of ffmpeg's 16 kHz 16-bit output per read of its pipe
 FFPROBE_TIMEOUT_S = 30
 
 
@@ -44,29 +49,38 @@ class DecodedAudio:
         self.length_declared = declared_seconds is not None
         self.frames = UNKNOWN_LENGTH if declared_seconds is None else round(declared_seconds * samplerate)
         self.format = label
-        # Float PCM is the one codec whose samples can be NaN or absurd (probe_duration reads it through).
-        self.subtype = "FLOAT" if codec.startswith("pcm_f") else codec.upper()
+        self.subtype = codec.upper()  # never "FLOAT": 16-bit samples hold no NaN that probe_duration must look for
         self._blocks, self._stop = blocks, stop
         self._pending = np.zeros(0, np.float32)
-        self.closed = False
+        self._decoded_all = self.closed = False
 
     def read(self, frames: int, dtype: str = "float32", always_2d: bool = True) -> np.ndarray:
         """Up to ``frames`` samples as a (frames, 1) float32 array; fewer (or none) at the end."""
         if dtype != "float32" or not always_2d:
             raise ValueError("a decoded stream reads float32 (frames, channels) blocks only")
         pieces, n = [self._pending], len(self._pending)
-        while n < frames and not self.closed and (block := next(self._blocks, None)) is not None:
-            pieces.append(block)
-            n += len(block)
+        while n < frames and not self.closed and not self._decoded_all:
+            block = next(self._blocks, None)
+            if block is None:
+                self._decoded_all = True
+            else:
+                pieces.append(block)
+                n += len(block)
         joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         self._pending = joined[frames:].copy()
         return joined[:frames, None]
+
+    @property
+    def ended(self) -> bool:
+        """True once every sample has been read."""
+        return self._decoded_all and not len(self._pending)
 
     def begin(self, name: str) -> DecodedAudio:
         """Decode the first samples now, so that a file FFmpeg opens but finds nothing in fails at its opening."""
         try:
             while not len(self._pending) and (block := next(self._blocks, None)) is not None:
                 self._pending = block
+            self._decoded_all = not len(self._pending)
         except Exception as e:  # noqa: BLE001 - what the decoder raises: its cause is the one line told
             self.close()
             raise AudioError(f"{name}: not an audio file FFmpeg can read, or damaged ({one_line(e)})") from None
@@ -105,6 +119,11 @@ def open_decoded(name: str, sample_rate: int, soundfile_reason: str | None) -> D
         raise
 
 
+def local(name: str) -> str:
+    """``name`` as FFmpeg takes it for a file: absolute, so that a name like ``http:talk.m4a`` is not a URL."""
+    return os.path.abspath(name)
+
+
 def _pyav():
     try:
         import av
@@ -136,7 +155,7 @@ def declared_seconds(format_name: str, n_streams: int, stream_seconds: float | N
 
 def _open_with_av(av, name: str, rate: int) -> DecodedAudio:
     try:
-        container = av.open(name, metadata_errors="ignore")
+        container = av.open(local(name), metadata_errors="ignore")
     except (av.FFmpegError, ValueError, UnicodeDecodeError) as e:
         raise AudioError(f"{name}: not an audio file FFmpeg can read, or damaged ({_av_cause(e)})") from None
     if not container.streams.audio:
@@ -157,20 +176,19 @@ def _open_with_av(av, name: str, rate: int) -> DecodedAudio:
 
 
 def _av_blocks(av, container, stream, rate: int) -> Iterator[np.ndarray]:
-    """The track's samples at ``rate``, mono, frame by frame as they are decoded: resampled by FFmpeg's
-    swresample (as the ffmpeg command does), the channels averaged (as soundfile's files are downmixed)."""
+    """The track's samples at ``rate``, mono, frame by frame as they are decoded."""
     resampler, setup = None, None
     try:
         for packet in container.demux(stream):
             for frame in _decoded(av, packet):
                 if (frame.format.name, frame.layout.name, frame.sample_rate) != setup:  # a new resampler if it changes
                     if resampler is not None:
-                        yield from _mono(resampler.resample(None))
-                    resampler = av.AudioResampler(format="fltp", layout=frame.layout, rate=rate)
+                        yield from _scaled(resampler.resample(None))
+                    resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
                     setup = (frame.format.name, frame.layout.name, frame.sample_rate)
-                yield from _mono(resampler.resample(frame))
+                yield from _scaled(resampler.resample(frame))
         if resampler is not None:
-            yield from _mono(resampler.resample(None))
+            yield from _scaled(resampler.resample(None))
     except av.FFmpegError as e:
         raise RuntimeError(_av_cause(e)) from None
     finally:
@@ -186,10 +204,14 @@ def _decoded(av, packet) -> list:
         return []
 
 
-def _mono(frames: list) -> Iterator[np.ndarray]:
+def _scaled(frames: list) -> Iterator[np.ndarray]:
     for frame in frames:
-        planes = frame.to_ndarray()  # (channels, samples) for a planar format
-        yield planes[0] if len(planes) == 1 else planes.mean(axis=0, dtype=np.float32)
+        yield pcm_to_float(frame.to_ndarray()[0])
+
+
+def pcm_to_float(pcm: np.ndarray) -> np.ndarray:
+    """16-bit samples as float32 in [-1, 1), as openai-whisper scales them."""
+    return pcm.astype(np.float32) / 32768.0
 
 
 def _av_cause(e: BaseException) -> str:
@@ -201,12 +223,11 @@ def _av_cause(e: BaseException) -> str:
 
 
 def _open_with_ffmpeg(ffmpeg: str, name: str, rate: int) -> DecodedAudio:
-    """ffmpeg decoding the first audio track to ``rate`` Hz mono float32 on its stdout, read a block at a time;
+    """ffmpeg decoding the first audio track to ``rate`` Hz mono 16-bit on its stdout, read a block at a time;
     its messages are drained on a thread (only the last kept) so that neither pipe fills and stalls it."""
     seconds, label, codec = _ffprobe(name)
-    # rematrix_maxval 1: a stereo file becomes the mean of its channels, as soundfile's files are downmixed
-    cmd = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", name, "-map", "0:a:0",
-           "-f", "f32le", "-ac", "1", "-ar", str(rate), "-rematrix_maxval", "1", "-"]
+    cmd = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-i", local(name), "-map", "0:a:0",
+           "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(rate), "-"]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as e:
@@ -237,7 +258,7 @@ def _open_with_ffmpeg(ffmpeg: str, name: str, rate: int) -> DecodedAudio:
 def _pipe_blocks(proc: subprocess.Popen, first: bytes, messages: collections.deque, name: str) -> Iterator[np.ndarray]:
     data = first
     while data:
-        yield np.frombuffer(data[: len(data) // 4 * 4], "<f4")
+        yield pcm_to_float(np.frombuffer(data[: len(data) // 2 * 2], "<i2"))
         data = proc.stdout.read(PIPE_BLOCK_BYTES)
     if proc.wait() != 0:
         raise RuntimeError("ffmpeg: " + _ffmpeg_cause(messages, name, proc.returncode))
@@ -246,7 +267,7 @@ def _pipe_blocks(proc: subprocess.Popen, first: bytes, messages: collections.deq
 def _ffmpeg_cause(messages: collections.deque, name: str, returncode: int) -> str:
     """ffmpeg's last message, without the file name it starts with (the error names the file once)."""
     cause = messages[-1] if messages else f"exit status {returncode}"
-    return cause[len(name) + 2 :] if cause.startswith(f"{name}: ") else cause
+    return cause[len(local(name)) + 2 :] if cause.startswith(f"{local(name)}: ") else cause
 
 
 def _ffprobe(name: str) -> tuple[float | None, str, str]:
@@ -256,7 +277,7 @@ def _ffprobe(name: str) -> tuple[float | None, str, str]:
     if ffprobe is None:
         return None, "FFMPEG", ""
     cmd = [ffprobe, "-v", "error", "-select_streams", "a:0", "-of", "json", "-show_entries",
-           "format=format_name,duration,nb_streams:stream=codec_name,duration:stream_tags=DURATION", name]
+           "format=format_name,duration,nb_streams:stream=codec_name,duration:stream_tags=DURATION", local(name)]
     try:
         info = json.loads(subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, check=True,
                                          timeout=FFPROBE_TIMEOUT_S).stdout)
