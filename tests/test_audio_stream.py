@@ -175,6 +175,20 @@ def test_an_unknown_decoder_name_is_refused(jfk_m4a, monkeypatch):
 # --- the server ----------------------------------------------------------------------------------------------------
 
 
+def test_reading_an_upload_is_bounded_in_time(tmp_path):
+    """The server reads an upload within the decode budget its audio so far allows (here none at all)."""
+    pytest.importorskip("fastapi")
+    from whisperane.server.openai_api import ApiError, Upload, decode_upload
+
+    upload = Upload(path=str(noise_webm(tmp_path / "upload.webm", 70, seekable=False)), filename="talk.webm")
+    with pytest.raises(ApiError) as info:
+        decode_upload(upload, 3600, lambda: None, budget=lambda seconds: -1.0)
+    assert info.value.status == 400 and info.value.code == "decode_time_exceeded"
+    assert "30.0 s" in info.value.message  # refused after the first block read
+    assert len(decode_upload(upload, 3600, lambda: None, budget=lambda seconds: 60.0)) == pytest.approx(
+        70 * SAMPLE_RATE, abs=0.05 * SAMPLE_RATE)
+
+
 def _memory_kb(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
