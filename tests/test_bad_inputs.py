@@ -131,13 +131,14 @@ def test_directory_instead_of_a_file(run, tmp_path):
         open_audio(folder)
 
 
-def test_other_container_without_ffmpeg(run, tmp_path, monkeypatch):
+def test_other_container_without_pyav_or_ffmpeg(run, tmp_path, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "av", None)  # `import av` fails, as where PyAV is not installed
     path = tmp_path / "talk.m4a"
     path.write_bytes(b"\x00\x00\x00\x20ftypM4A " + bytes(200))
     code, _, err = run(path, "-o", tmp_path / "out")
     assert code == 1 and len(err) == 1
-    assert err[0].startswith(f"whisperane: error: {path}: ffmpeg is needed to decode .m4a files")
+    assert err[0].startswith(f"whisperane: error: {path}: PyAV or ffmpeg is needed to decode .m4a files")
 
 
 def test_every_bad_input_in_one_real_batch(speech, tiny_en_bundle, tmp_path):

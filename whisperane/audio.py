@@ -1,31 +1,29 @@
 """Audio input: decode, downmix and resample to 16 kHz mono float32; stream long files; probe a file's length.
 
 Files go through soundfile (libsndfile: wav, flac, ogg/opus, mp3, aiff, ...; see audio_files.py) and soxr;
-other containers (m4a, mp4, webm, ...) go through ffmpeg when it is on PATH. Long files are read as a stream
-(:class:`AudioStream`) so that a two-hour recording never sits in memory whole. (The mel filters are in
-whisperane.convert.mel.)
+other containers (m4a, mp4, webm, ...) through PyAV or the ffmpeg command (audio_decode.py). Every file is read
+as a stream (:class:`AudioStream`) so that a two-hour recording never sits in memory whole. (The mel filters are
+in whisperane.convert.mel.)
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 
 import numpy as np
 import soundfile as sf
 import soxr
 
+from .audio_decode import DecodedAudio, open_decoded
 from .audio_files import (
     UNKNOWN_LENGTH,
     check_path,
     check_samples,
     count_frames,
-    ffmpeg_decode,
     mp3_declares_length,
     open_soundfile,
     read_block,
-    undecodable,
 )
 from .errors import AudioError
 
@@ -106,22 +104,10 @@ class AudioStream:
                  history_seconds: float = CHUNK_LENGTH):
         self.name = check_path(path)
         self.sample_rate = sample_rate
-        file, reason = open_soundfile(self.name)
-        if file is None:
-            if shutil.which("ffmpeg") is not None:
-                raise AudioError(f"{self.name}: libsndfile cannot read it ({reason}); open_audio() decodes it with ffmpeg")
-            raise undecodable(self.name, reason)
-        self._init_file(file, block_seconds, history_seconds)
+        self._init_file(_open_file(self.name, sample_rate), block_seconds, history_seconds)
 
-    @classmethod
-    def _from_soundfile(cls, name: str, file: sf.SoundFile, sample_rate: int) -> AudioStream:
-        self = cls.__new__(cls)
-        self.name, self.sample_rate = name, sample_rate
-        self._init_file(file, block_seconds=10.0, history_seconds=CHUNK_LENGTH)
-        return self
-
-    def _init_file(self, file: sf.SoundFile, block_seconds: float, history_seconds: float) -> None:
-        self._file: sf.SoundFile | None = file
+    def _init_file(self, file: sf.SoundFile | DecodedAudio, block_seconds: float, history_seconds: float) -> None:
+        self._file: sf.SoundFile | DecodedAudio | None = file
         self.source_sample_rate = int(file.samplerate)
         if self.source_sample_rate <= 0:
             file.close()
@@ -131,9 +117,15 @@ class AudioStream:
             file.close()
             cause = "no decodable audio (truncated or corrupt)" if compressed else "contains no audio samples"
             raise AudioError(f"{self.name}: {cause}")
-        self._header_frames = int(file.frames)
-        self._length_declared = file.format == "MP3" and mp3_declares_length(self.name)
-        self._length_known = self._header_frames < UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
+        self._header_frames, self._format = int(file.frames), file.format
+        if isinstance(file, DecodedAudio):
+            # A container's stated length (MP4, Matroska, Ogg) leaves out the encoder's padding that FFmpeg decodes
+            # (and openai-whisper and faster-whisper transcribe): good for a limit, the exact length is counted.
+            self._length_declared, self._length_known = file.length_declared, False
+        else:
+            self._length_declared = file.format == "MP3" and mp3_declares_length(self.name)
+            self._length_known = self._header_frames < UNKNOWN_LENGTH and (file.format != "MP3" or self._length_declared)
+        self._length_stated = self._length_known or self._length_declared
         self._total_frames = self._header_frames if self._length_known else None  # None: counted when asked
         self._block_frames = max(1, int(block_seconds * self.source_sample_rate))
         self._history = int(history_seconds * self.sample_rate)
@@ -154,7 +146,7 @@ class AudioStream:
         self._buf_start = self._keep_from = 0
         self._exhausted = self.in_memory = True
         self._header_frames = self._total_frames = self._frames_read = len(self._buf)
-        self._length_known = True
+        self._length_known = self._length_stated = True
         return self
 
     # -- size ----------------------------------------------------------------------------------------
@@ -167,8 +159,19 @@ class AudioStream:
     @property
     def length_known(self) -> bool:
         """True when the header's length is exact: False for a FLAC without its total (written by a streaming
-        encoder) and an MP3 without a Xing/Info/VBRI header, whose length libsndfile guesses from the file size."""
+        encoder), an MP3 without a Xing/Info/VBRI header, whose length libsndfile guesses from the file size, and
+        the containers PyAV or ffmpeg decode (see ``stated_samples``)."""
         return self._length_known
+
+    @property
+    def stated_samples(self) -> int | None:
+        """The length the header states, at ``sample_rate``, for a limit to refuse a file on before decoding it:
+        the exact length where ``length_known``, a container's length for an MP4, most WebM and Ogg files (a few
+        milliseconds short of what decodes: the encoder's padding); None where the header states none (a guess
+        from the file size is not a statement)."""
+        if not self._length_stated:
+            return None
+        return round(self._header_frames * self.sample_rate / self.source_sample_rate)
 
     @property
     def buffered_samples(self) -> int:
@@ -183,10 +186,7 @@ class AudioStream:
         if self._exhausted:
             return self._buf_start + len(self._buf)
         if self._total_frames is None:
-            file, reason = open_soundfile(self.name)
-            if file is None:
-                raise undecodable(self.name, reason)
-            with file:
+            with _open_file(self.name, self.sample_rate) as file:
                 self._total_frames = count_frames(file, self.name)
         return round(self._total_frames * self.sample_rate / self.source_sample_rate)
 
@@ -247,7 +247,9 @@ class AudioStream:
             raise
         self._frames_read += len(block)
         mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
-        last = len(block) == 0
+        # A decoder says where its output ends, so that a block reaching past a header's length (an encoder's
+        # padding after it) ends the stream with its exact length, not one read later.
+        last = len(block) == 0 or (isinstance(self._file, DecodedAudio) and self._file.ended)
         if last:
             self._exhausted = True
             self.close()
@@ -257,11 +259,13 @@ class AudioStream:
         return self._resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
 
     def _check_complete(self) -> None:
-        """An MP3 whose Xing/Info header counts more frames than decoded was cut off (libmpg123 only warns)."""
+        """A file whose header counts more frames than decoded was cut off (libmpg123 only warns of an MP3's end,
+        FFmpeg decodes what an MP4 or a WebM still holds)."""
         missing = self._header_frames - self._frames_read
         if self._length_declared and missing > max(2 * 1152, 0.01 * self._header_frames):
             rate = self.source_sample_rate
-            raise AudioError(f"{self.name}: truncated MP3 file: the header declares {self._header_frames / rate:.1f} s "
+            raise AudioError(f"{self.name}: truncated {self._format} file: the header declares "
+                             f"{self._header_frames / rate:.1f} s "
                              f"of audio but only {self._frames_read / rate:.1f} s are present")
 
     # -- lifetime ------------------------------------------------------------------------------------
@@ -284,34 +288,35 @@ class AudioStream:
 
 
 def open_audio(source: AudioSource, *, sample_rate: int = SAMPLE_RATE) -> AudioStream:
-    """An :class:`AudioStream` for an array (in memory), a file libsndfile reads (streamed) or any other
-    file ffmpeg decodes (decoded whole through a pipe)."""
+    """An :class:`AudioStream` for an array (in memory) or a file (streamed: through libsndfile where it reads the
+    format, else PyAV or the ffmpeg command)."""
     if isinstance(source, np.ndarray):
         if sample_rate != SAMPLE_RATE:
             source = soxr.resample(_to_mono_float32(source, "<array>"), SAMPLE_RATE, sample_rate)
         return AudioStream.from_array(source, sample_rate=sample_rate)
     if not isinstance(source, (str, os.PathLike)):
         raise AudioError(f"{source!r}: expected a file path or a numpy array")
-    name = check_path(source)
+    return AudioStream(source, sample_rate=sample_rate)
+
+
+def _open_file(name: str, sample_rate: int) -> sf.SoundFile | DecodedAudio:
+    """``name`` opened by libsndfile where it reads the format, else by a decoder that serves ``sample_rate``."""
     file, reason = open_soundfile(name)
-    if file is not None:
-        return AudioStream._from_soundfile(name, file, sample_rate)
-    if shutil.which("ffmpeg") is not None:
-        return AudioStream.from_array(ffmpeg_decode(name, sample_rate), name=name, sample_rate=sample_rate)
-    raise undecodable(name, reason)
+    return file if file is not None else open_decoded(name, sample_rate, reason)
 
 
 def probe_duration(source: AudioSource, limit_seconds: float) -> float:
     """The exact length of ``source`` in seconds, for a length limit checked before transcribing: from the header
-    where it is exact, else decoded forward, stopping once past ``limit_seconds`` (the length returned is then just
-    over the limit). Float PCM, the only kind whose values can be NaN, infinite or absurd, is read through (up to
+    where it is exact or states more than ``limit_seconds``, else decoded forward, stopping once past
+    ``limit_seconds`` (the length returned is then just over the limit). Float PCM, the only kind whose values can be NaN, infinite or absurd, is read through (up to
     the limit) so that such a file fails here, with the AudioError the transcription would raise later."""
     with open_audio(source) as stream:
-        if stream.in_memory:  # an array, or ffmpeg's decode: checked whole already
+        if stream.in_memory:  # an array: checked whole already
             return stream.duration
         assert stream._file is not None  # a fresh stream: nothing read yet
         rate, float_pcm = stream.source_sample_rate, stream._file.subtype in ("FLOAT", "DOUBLE")
-        if stream.length_known and (not float_pcm or stream._header_frames > limit_seconds * rate):
+        over_limit = stream._length_stated and stream._header_frames > limit_seconds * rate
+        if over_limit or (stream.length_known and not float_pcm):
             return stream._header_frames / rate
         limit = int(limit_seconds * rate) if math.isfinite(limit_seconds) else None
         return count_frames(stream._file, stream.name, limit) / rate

@@ -1,5 +1,5 @@
-"""Audio files through libsndfile (and ffmpeg where it cannot): opening, forward reads that refuse what is not
-audio, lengths libsndfile cannot know, and one-line errors for files that cannot be read.
+"""Audio files through libsndfile (audio_decode.py decodes the containers it cannot read): opening, forward reads
+that refuse what is not audio, lengths libsndfile cannot know, and one-line errors for files that cannot be read.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import math
 import os
 import shutil
 import struct
-import subprocess
 import threading
 from pathlib import Path
 
@@ -78,26 +77,6 @@ def _check_wav_not_truncated(name: str) -> None:
             pos += 8 + chunk_size + (chunk_size & 1)
 
 
-def ffmpeg_decode(name: str, sample_rate: int) -> np.ndarray:
-    ffmpeg = shutil.which("ffmpeg")
-    if ffmpeg is None:
-        raise AudioError(f"{name}: ffmpeg is not on PATH")
-    cmd = [ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "0",
-           "-i", name, "-f", "s16le", "-ac", "1", "-acodec", "pcm_s16le", "-ar", str(sample_rate), "-"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, check=False)
-    except OSError as e:
-        raise AudioError(f"{name}: could not run ffmpeg: {e}") from e
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
-        cause = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise AudioError(f"{name}: ffmpeg could not decode it: {cause}")
-    pcm = np.frombuffer(proc.stdout[: len(proc.stdout) // 2 * 2], dtype="<i2")
-    if pcm.size == 0:
-        raise AudioError(f"{name}: contains no audio samples")
-    return (pcm.astype(np.float32) / 32768.0).astype(np.float32)
-
-
 class ForwardFile(sf.SoundFile):
     """A SoundFile read strictly forward: soundfile seeks to its own count after every read of a seekable file,
     which fails at the end of one whose length libsndfile does not know (a FLAC from a streaming encoder)."""
@@ -107,7 +86,7 @@ class ForwardFile(sf.SoundFile):
 
 
 def open_soundfile(name: str) -> tuple[sf.SoundFile | None, str | None]:
-    """Open with libsndfile; on failure return the reason instead of raising (ffmpeg may still cope)."""
+    """Open with libsndfile; on failure return the reason instead of raising (PyAV or ffmpeg may still cope)."""
     try:
         file = ForwardFile(name)
     except Exception as e:  # noqa: BLE001 - libsndfile raises LibsndfileError, RuntimeError, TypeError...
@@ -192,10 +171,10 @@ def mp3_declares_length(name: str) -> bool:
 
 
 def undecodable(name: str, reason: str | None) -> AudioError:
-    """The error for a file libsndfile cannot read when there is no ffmpeg to fall back on."""
+    """The error for a file libsndfile cannot read when there is neither PyAV nor ffmpeg to fall back on."""
     ext = Path(name).suffix.lower().lstrip(".")
     if ext in SOUNDFILE_EXTENSIONS:
         return AudioError(f"{name}: not a valid {ext.upper()} file or corrupt ({reason})")
     kind = f".{ext} files" if ext else "this format"
-    return AudioError(f"{name}: ffmpeg is needed to decode {kind} (libsndfile: {reason}); "
-                      "install ffmpeg or convert the file to WAV/FLAC")
+    return AudioError(f"{name}: PyAV or ffmpeg is needed to decode {kind} (libsndfile: {reason}); install "
+                      "whisperane[av] or ffmpeg, or convert the file to WAV/FLAC")

@@ -198,7 +198,8 @@ class _FileRunner:
             raise WhisperaneError(f"{path}: its outputs would overwrite those of {clashes[path]} (same name); "
                                   "rename one of them or transcribe them into separate output directories")
         with open_audio(path) as stream:  # a bad file fails here, before the model is loaded
-            duration = stream.duration
+            stated = stream.stated_samples  # the progress bar's total: an m4a's stated length spares a decode
+            duration = (stream.n_samples if stated is None else stated) / stream.sample_rate
         self.model = self.model or self._load()
         bar = progress_bar(args.progress, duration, path)
         try:  # by path: transcribe() reads it twice (the file's log-mel peak first, as openai-whisper floors it)

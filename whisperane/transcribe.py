@@ -127,7 +127,7 @@ class Transcription:
 
 def _file_peak(model: WhisperaneModel, audio: str | os.PathLike | np.ndarray, stream: AudioStream) -> float | None:
     """The whole file's log-mel peak (openai's floor), read before the loop reads ``stream``; None for one window
-    (<= 30 s), whose own peak is the file's. Audio in memory (an array, ffmpeg's decode) is read from ``stream``
+    (<= 30 s), whose own peak is the file's. Audio in memory (an array) is read from ``stream``
     itself, which serves any read; a file is opened a second time for it."""
     if stream.n_samples <= N_SAMPLES:
         return None

@@ -96,7 +96,7 @@ class Server:
                on_segment=None) -> TranscriptionResult:
         """One request's work, on a worker: the upload decoded (opened once, checked, its length bounding the job's
         time), ``on_audio()`` once it is accepted, then its transcription from the samples."""
-        samples = decode_upload(upload, self.config.max_audio_seconds, job.check)
+        samples = decode_upload(upload, self.config.max_audio_seconds, job.check, self.config.decode_budget)
         seconds = len(samples) / SAMPLE_RATE
         budget = self.config.decode_budget(seconds)
         job.limit(budget, ApiError(400, f"the decode took longer than this server allows for {seconds:.1f} s of audio "

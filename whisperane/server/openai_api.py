@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -166,22 +167,28 @@ def audio_too_long(limit_s: float) -> ApiError:
                     code="audio_too_long")
 
 
-def decode_upload(upload: Upload, limit_s: float, check: Callable[[], None]) -> np.ndarray:
+def decode_upload(upload: Upload, limit_s: float, check: Callable[[], None],
+                  budget: Callable[[float], float] | None = None) -> np.ndarray:
     """The upload's samples, 16 kHz mono float32: the one time the server opens the spooled file, so that a
     file is parsed and decoded once, and ``transcribe()`` (given the samples) reads its windows twice from
     memory, as from a path. 400 for a file that is not audio or holds values no audio has, and for one longer
-    than ``limit_s``: from its header where that is exact (nothing decoded), else once the decode passes the
-    limit. ``check()`` runs between blocks (a job's cancel flag and time budget)."""
+    than ``limit_s``: from its header where it states the length (nothing decoded), else once the decode passes
+    the limit. ``check()`` runs between blocks (a job's cancel flag and time budget); reading may take at most
+    ``budget(seconds read so far)`` (a file that decodes slower than that is not read on)."""
     limit = int(limit_s * SAMPLE_RATE)
-    blocks, n = [], 0
+    blocks, n, started = [], 0, time.monotonic()
     try:
         with open_audio(upload.path) as stream:
-            if stream.length_known and stream.n_samples > limit:
+            if (stated := stream.stated_samples) is not None and stated > limit:
                 raise audio_too_long(limit_s)
             while n <= limit and len(block := stream.read(n, min(READ_BLOCK, limit + 1 - n))):
                 blocks.append(block)
                 n += len(block)
                 check()
+                if budget is not None and time.monotonic() - started > budget(n / SAMPLE_RATE):
+                    raise ApiError(400, f"reading the audio took longer than this server allows for "
+                                   f"{n / SAMPLE_RATE:.1f} s of it ({budget(n / SAMPLE_RATE):.0f} s)",
+                                   param="file", code="decode_time_exceeded")
     except WhisperaneError as e:
         raise ApiError(400, upload.public_message(str(e)), param="file", code="invalid_file") from None
     if n > limit:

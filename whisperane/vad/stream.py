@@ -148,7 +148,7 @@ def speech_stream(
     """Run the VAD over the whole of ``source``, then present only its speech as a :class:`SpeechStream`.
 
     A file is read twice, forward each time: once for the VAD, then again region by region as the stream is
-    read. Audio already in memory (an array, a file ffmpeg decoded, an array stream) is read in place.
+    read. Audio already in memory (an array, an array stream) is read in place.
     An :class:`AudioStream` must not have been read yet. No speech gives a stream of 0 samples (an empty
     transcript, not an error).
     """
