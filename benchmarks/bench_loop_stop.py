@@ -5,8 +5,9 @@ every decoding of the corpus's clips and the long English file of ``check_identi
 fact: in which samples the stop would have come (a text token after which the text ends in a loop,
 ``repetition.loop_start``, and its compression ratio is over openai's threshold), and whether the early stop reaches
 the fallback decision openai's whole decoding reached: a greedy decoding stopped in a loop fails as too repetitive;
-at temperature > 0 a stopped sample is ranked on all it decoded up to the stop, and the temperature fails where it
-ranks first. Printed: the decodings per kind and each one with a stop. (A window's later decodings follow from the
+at temperature > 0 a stopped sample ranks before the others (openai's ranking sees its whole loop), so the
+temperature fails wherever a sample loops; "openai_chose_looping" says whether openai's own ranking chose a looping
+sample where others did not loop. Printed: the decodings per kind and each one with a stop. (A window's later decodings follow from the
 first decision, so each decoding is judged alone.)
 
     python benchmarks/bench_loop_stop.py agreement --root /tmp/old-checkout --model tiny.en [--batch-size 8]
@@ -69,6 +70,9 @@ def agreement(args: argparse.Namespace) -> int:
     print(f"{args.model}{' batched ' + str(args.batch_size) if args.batch_size else ''}: {len(seen)} decodings")
     for kind, count in sorted(kinds.items()):
         print(f"  {kind:<40} {count}")
+    mixed = [row for row in seen if row.get("mixed")]
+    print(f"  samples above 0 where some loop and some not: {len(mixed)}, openai's ranking chose a looping one in "
+          f"{sum(row['openai_chose_looping'] for row in mixed)}")
     for row in seen:
         if row["kind"] != "no loop":
             print(json.dumps(row, ensure_ascii=False))
@@ -92,26 +96,27 @@ def _judge(hypotheses, result, tokenizer, options, loop_start, compression_ratio
     if not row["looping"]:
         return {**row, "kind": "no loop"}
 
-    scores = []  # openai's ranking (length_penalty None), a stopped sample's on all it decoded to the stop
-    for h, f in zip(hypotheses, fired, strict=True):
-        scores.append(sum(h.token_logprobs[: f[0]]) / f[0] if f else h.sum_logprob / max(len(h.tokens), 1))
+    # the ranking: a stopped sample first (the best of them on all it decoded), else openai's (length_penalty None)
+    scores = [(1, sum(h.token_logprobs[: f[0]]) / f[0]) if f else (0, h.sum_logprob / max(len(h.tokens), 1))
+              for h, f in zip(hypotheses, fired, strict=True)]
     chosen = max(range(len(hypotheses)), key=lambda k: scores[k])
+    openai_chose = next(k for k, h in enumerate(hypotheses) if list(h.tokens) == list(result.tokens))
     openai_fails = needs_fallback(result, options)
-    if fired[chosen] is not None:
+    if fired[chosen] is not None:  # looped: too repetitive, unless silence on all it decoded
+        n = fired[chosen][0]
         kept = hypotheses[chosen].tokens[: fired[chosen][1]]
-        avg = sum(hypotheses[chosen].token_logprobs[: len(kept)]) / (len(kept) + 1)
-        text = tokenizer.decode(kept).strip()
-        stopped = replace(result, tokens=kept, text=text, avg_logprob=avg, compression_ratio=compression_ratio(text))
-        early_fails = True  # a loop: too repetitive, unless silence (judged on the text before the loop)
-        if options.no_speech_threshold is not None and stopped.no_speech_prob > options.no_speech_threshold \
-                and stopped.avg_logprob < options.logprob_threshold:
-            early_fails = False
+        avg = sum(hypotheses[chosen].token_logprobs[:n]) / (n + 1)
+        stopped = replace(result, tokens=kept, text=tokenizer.decode(kept).strip(), avg_logprob=avg)
+        early_fails = not (options.no_speech_threshold is not None and stopped.no_speech_prob > options.no_speech_threshold
+                           and stopped.avg_logprob < options.logprob_threshold)
     else:
         h = hypotheses[chosen]
         text = tokenizer.decode(h.tokens).strip()
         stopped = replace(result, tokens=h.tokens, text=text, avg_logprob=h.sum_logprob / (len(h.tokens) + 1),
                           compression_ratio=compression_ratio(text))
         early_fails = needs_fallback(stopped, options)
+    row["mixed"] = 0 < row["looping"] < len(hypotheses)  # looping samples beside others
+    row["openai_chose_looping"] = fired[openai_chose] is not None
     same_result = list(stopped.tokens) == list(result.tokens)
     if openai_fails != early_fails:
         kind = "loop, other decision"

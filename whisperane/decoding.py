@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from .active_rows import ActiveRows
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
 from .options import DecodingOptions, token_ids
@@ -39,7 +40,8 @@ class DecodingResult:
     alignment: np.ndarray | None = field(default=None, repr=False, compare=False)
     token_logprobs: list[float] = field(default_factory=list, repr=False)
     # Stopped in a loop (``DecodingOptions.stop_at_repetition``): ``tokens`` end before the loop; openai's decoding
-    # would have gone on to the token limit, its compression ratio over the threshold.
+    # would have gone on to the token limit, its compression ratio over the threshold. A file's (``loop_ratio``)
+    # log-probabilities are those of all it decoded, the loop's too, as openai's checks would see them.
     looped: bool = False
 
     def to_dict(self) -> dict:
@@ -265,18 +267,21 @@ def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[li
 def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
                  language_probs, no_speech_prob: float) -> DecodingResult:
     """The hypothesis with the best length-normalised log-probability (openai's MaximumLikelihoodRanker), a sample
-    stopped in a loop ranked on what ``Hypothesis.loop`` says; where it ranks first, the result is ``looped``."""
+    stopped in a loop ranked on what ``Hypothesis.loop`` says, which is also its result's log-probability; where it
+    ranks first, the result is ``looped``. A file's (``loop_ratio``) ranks before the others: openai's ranking sees
+    its whole loop, whose tokens the model grows ever surer of, and chooses it over a sample that does not loop."""
     scores = []
     for h in hypotheses:
         logprob, length = h.loop or (h.sum_logprob, len(h.tokens))
         penalty = length if options.length_penalty is None else ((5 + length) / 6) ** options.length_penalty
-        scores.append(logprob / max(penalty, 1e-9))
-    best = hypotheses[int(np.argmax(scores))]
+        scores.append((h.loop is not None and options.loop_ratio is not None, logprob / max(penalty, 1e-9)))
+    best = hypotheses[max(range(len(scores)), key=scores.__getitem__)]
+    logprob, length = best.loop or (best.sum_logprob, len(best.tokens))
     text = tokenizer.decode(best.tokens).strip()
     alignment = np.stack(best.alignment[: len(best.tokens) + 1], axis=1) if best.alignment else None
     return DecodingResult(
         tokens=best.tokens, text=text, language=tokenizer.language, language_probs=language_probs,
-        avg_logprob=float(best.sum_logprob / (len(best.tokens) + 1)), sum_logprob=float(best.sum_logprob),
+        avg_logprob=float(logprob / (length + 1)), sum_logprob=float(logprob),
         no_speech_prob=no_speech_prob, temperature=options.temperature, compression_ratio=compression_ratio(text),
         alignment=alignment, token_logprobs=[float(x) for x in best.token_logprobs], looped=best.loop is not None,
     )
@@ -330,63 +335,6 @@ class Hypothesis:
     def extended_final(self, logprob: float) -> Hypothesis:
         """Closed by <|endoftext|>: its log-probability counts, the token is not kept."""
         return Hypothesis(self.tokens, self.sum_logprob + logprob, self.token_logprobs, self.alignment)
-
-
-class ActiveRows:
-    """The rows of a sampling loop still decoding, kept as the first rows of the batch: a finished row's place
-    is taken by the last unfinished one (its cache copied, its window's cross K/V swapped in place), so each
-    step runs only unfinished rows: a finished row left in the batch costs nearly a full row. ``restore`` puts the
-    cross K/V back in their order. Where the executor keeps the caches (Core ML's MLState), finished rows stay, fed
-    <|endoftext|>. Sampling noise is drawn for the rows openai's decoding would still sample (``noise_rows``): a
-    row stopped at a loop leaves the batch but not them, so the other rows draw the noise they would have drawn."""
-
-    def __init__(self, state: DecoderState, cross, n: int):
-        self._state, self._cross = state, cross
-        self.state, self.cross = state, cross
-        self.rows = list(range(n))  # batch position -> row
-        self._sampled = list(self.rows)  # the rows openai's decoding would still sample, in its batch order
-        self._swaps: list[tuple[int, int]] = []
-        self._compacts = n > 1 and state.first_rows(n) is not None
-
-    def drop(self, finished: set[int], looped: Iterable[int]) -> None:
-        """The ``finished`` rows out of the batch; those of them ``looped`` (stopped in a loop) still drawn for."""
-        if not finished or not self._compacts:
-            return
-        self._sampled = _compacted(self._sampled, finished.difference(looped))[0]
-        self.rows, moves = _compacted(self.rows, finished)
-        for p, last in moves:
-            self._state.set_row(p, self._state, last)
-            if self._cross.batch > 1:
-                self._cross.swap_rows(p, last)
-                self._swaps.append((p, last))
-        self.state = self._state.first_rows(len(self.rows))
-        self.cross = self._cross.first_rows(len(self.rows))
-
-    def noise_rows(self) -> tuple[int, list[int]] | None:
-        """How many rows of noise to draw and which of them are the batch's rows'; None: one each, in order."""
-        if self._sampled == self.rows:
-            return None
-        where = {k: i for i, k in enumerate(self._sampled)}
-        return len(self._sampled), [where[k] for k in self.rows]
-
-    def restore(self) -> None:
-        for i, j in reversed(self._swaps):
-            self._cross.swap_rows(i, j)
-        self._swaps.clear()
-
-
-def _compacted(rows: list[int], finished: set[int]) -> tuple[list[int], list[tuple[int, int]]]:
-    """``rows`` without the ``finished`` ones, from the end back, each one's place taken by the last row; and those
-    moves (place, from)."""
-    rows, moves = list(rows), []
-    for p in reversed(range(len(rows))):
-        if rows[p] in finished:
-            last = len(rows) - 1
-            if p != last:
-                rows[p] = rows[last]
-                moves.append((p, last))
-            rows.pop()
-    return rows, moves
 
 
 def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarray, plan: WindowPlan, tokenizer,
