@@ -292,6 +292,33 @@ def test_16_requests_from_8_clients_get_the_sequential_texts(client, models):
     assert texts == [expected[p] for p in clips]
 
 
+@pytest.mark.slow
+def test_a_prompt_that_makes_the_model_repeat_itself_is_answered_with_the_transcript(client, models, monkeypatch):
+    """The issue's degenerate prompt: after it tiny.en's decodings of JFK loop ("word word ...", "yeah yeah ..."),
+    and openai's fallback decoded each loop to the window's 224 tokens, five samples a temperature above 0, which
+    held the request's worker for half a minute or ended it in a 400 decode_time_exceeded. Every decoding stops
+    where its text starts to loop (far short of the limit) and the request is answered with JFK's words."""
+    from whisperane.longform import step
+
+    steps, per_decoding = [], []
+    model = models["tiny.en"]
+    decoder_step, decode_window = model.decoder.step, step.decode
+    monkeypatch.setattr(model.decoder, "step", lambda *a, **k: steps.append(1) or decoder_step(*a, **k))
+
+    def counted(*args, **kwargs):
+        before = len(steps)
+        result = decode_window(*args, **kwargs)
+        per_decoding.append(len(steps) - before)
+        return result
+
+    monkeypatch.setattr(step, "decode", counted)  # the server decodes in this process, on its worker threads
+    raw = client.audio.transcriptions.with_raw_response.create(model="tiny.en", file=JFK.open("rb"),
+                                                                prompt="word " * 224)
+    assert raw.status_code == 200
+    assert "ask not what your country can do for you" in raw.parse().text.lower()
+    assert per_decoding and max(per_decoding) < 224 // 2
+
+
 def test_full_queue_is_503_with_retry_after_and_the_key_is_required(models, schedule, long_file):
     with serving(models, schedule, workers=1, queue=0, api_key="s3cret") as url:
         assert httpx.get(url + "/health").status_code == 200  # open without the key

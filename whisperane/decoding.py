@@ -8,17 +8,17 @@ filters below, greedy at temperature 0 and sampling (best of N, batched) above i
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from .active_rows import ActiveRows
 from .audio import TIME_PRECISION
 from .errors import WhisperaneError
 from .language import choose_language
 from .options import DecodingOptions, token_ids
-from .repetition import cut_loop
+from .repetition import compression_ratio, cut_loop
 from .runtime.decoder_adapters import CrossAttention, logsumexp
 from .runtime.model import WhisperaneModel
 from .runtime.state import DecoderState
@@ -40,16 +40,15 @@ class DecodingResult:
     # <|endoftext|>: [A, len(tokens) + 1, F]; the decode-time alternative to a teacher-forced alignment pass.
     alignment: np.ndarray | None = field(default=None, repr=False, compare=False)
     token_logprobs: list[float] = field(default_factory=list, repr=False)
+    # Stopped in a loop (``DecodingOptions.stop_at_repetition``): ``tokens`` end before the loop; openai's decoding
+    # would have gone on to the token limit, its compression ratio over the threshold. A file's (``loop_ratio``)
+    # log-probabilities are those of all it decoded, the loop's too, as openai's checks would see them.
+    looped: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("alignment")
         return d
-
-
-def compression_ratio(text: str) -> float:
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -253,20 +252,24 @@ def _forward_prompts(model: WhisperaneModel, state: DecoderState, heads: list[li
 
 def _best_result(hypotheses: list[Hypothesis], tokenizer: Tokenizer, options: DecodingOptions,
                  language_probs, no_speech_prob: float) -> DecodingResult:
-    """The hypothesis with the best length-normalised log-probability (openai's MaximumLikelihoodRanker)."""
+    """The hypothesis with the best length-normalised log-probability (openai's MaximumLikelihoodRanker), a sample
+    stopped in a loop ranked on what ``Hypothesis.loop`` says, which is also its result's log-probability; where it
+    ranks first, the result is ``looped``. A file's (``loop_ratio``) ranks before the others: openai's ranking sees
+    its whole loop, whose tokens the model grows ever surer of, and chooses it over a sample that does not loop."""
     scores = []
     for h in hypotheses:
-        length = len(h.tokens)
+        logprob, length = h.loop or (h.sum_logprob, len(h.tokens))
         penalty = length if options.length_penalty is None else ((5 + length) / 6) ** options.length_penalty
-        scores.append(h.sum_logprob / max(penalty, 1e-9))
-    best = hypotheses[int(np.argmax(scores))]
+        scores.append((h.loop is not None and options.loop_ratio is not None, logprob / max(penalty, 1e-9)))
+    best = hypotheses[max(range(len(scores)), key=scores.__getitem__)]
+    logprob, length = best.loop or (best.sum_logprob, len(best.tokens))
     text = tokenizer.decode(best.tokens).strip()
     alignment = np.stack(best.alignment[: len(best.tokens) + 1], axis=1) if best.alignment else None
     return DecodingResult(
         tokens=best.tokens, text=text, language=tokenizer.language, language_probs=language_probs,
-        avg_logprob=float(best.sum_logprob / (len(best.tokens) + 1)), sum_logprob=float(best.sum_logprob),
+        avg_logprob=float(logprob / (length + 1)), sum_logprob=float(logprob),
         no_speech_prob=no_speech_prob, temperature=options.temperature, compression_ratio=compression_ratio(text),
-        alignment=alignment, token_logprobs=[float(x) for x in best.token_logprobs],
+        alignment=alignment, token_logprobs=[float(x) for x in best.token_logprobs], looped=best.loop is not None,
     )
 
 
@@ -309,6 +312,8 @@ class Hypothesis:
     sum_logprob: float
     token_logprobs: list[float]
     alignment: list[np.ndarray]  # [A, F] per predicted token
+    # Stopped in a loop, the loop cut (repetition.cut_loop): the log-probability and length it is ranked on.
+    loop: tuple[float, int] | None = None
 
     def extended(self, token: int, logprob: float) -> Hypothesis:
         return Hypothesis([*self.tokens, token], self.sum_logprob + logprob, [*self.token_logprobs, logprob], self.alignment)
@@ -318,58 +323,24 @@ class Hypothesis:
         return Hypothesis(self.tokens, self.sum_logprob + logprob, self.token_logprobs, self.alignment)
 
 
-class ActiveRows:
-    """The rows of a sampling loop still decoding, kept as the first rows of the batch: a finished row's place
-    is taken by the last unfinished one (its cache copied, its window's cross K/V swapped in place), so each
-    step runs only unfinished rows: a finished row left in the batch costs nearly a full row. ``restore`` puts the cross K/V back in their order. Where the executor keeps the
-    caches (Core ML's MLState), finished rows stay, fed <|endoftext|>."""
-
-    def __init__(self, state: DecoderState, cross, n: int):
-        self._state, self._cross = state, cross
-        self.state, self.cross = state, cross
-        self.rows = list(range(n))  # batch position -> row
-        self._swaps: list[tuple[int, int]] = []
-        self._compacts = n > 1 and state.first_rows(n) is not None
-
-    def drop(self, finished: set[int]) -> None:
-        if not finished or not self._compacts:
-            return
-        for p in reversed(range(len(self.rows))):
-            if self.rows[p] in finished:
-                last = len(self.rows) - 1
-                if p != last:
-                    self._state.set_row(p, self._state, last)
-                    if self._cross.batch > 1:
-                        self._cross.swap_rows(p, last)
-                        self._swaps.append((p, last))
-                    self.rows[p] = self.rows[last]
-                self.rows.pop()
-        self.state = self._state.first_rows(len(self.rows))
-        self.cross = self._cross.first_rows(len(self.rows))
-
-    def restore(self) -> None:
-        for i, j in reversed(self._swaps):
-            self._cross.swap_rows(i, j)
-        self._swaps.clear()
-
-
 def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarray, plan: WindowPlan, tokenizer,
                  options, limits: Sequence[int] | None = None) -> list[Hypothesis]:
     """Greedy (temperature 0) or sampled continuations of B rows until every row ends: the samples of one
     window (``cross`` at batch 1) or one window per row (``cross`` at batch B). ``logits`` [B, V] and
     ``first_align`` [B, A, F] are the rows' predictions of their first token; ``limits``: each row's most
-    sampled tokens (rows with prompts of their own have less room in the cache), plan.sample_len by default."""
-    eot, sample_len, n_group = tokenizer.eot, plan.sample_len, logits.shape[0]
+    sampled tokens (rows with prompts of their own have less room in the cache), plan.sample_len by default. With
+    ``options.stop_at_repetition`` a row whose text starts to loop ends there, the loop cut (``cut_loop``)."""
+    eot, tb, sample_len, n_group = tokenizer.eot, tokenizer.timestamp_begin, plan.sample_len, logits.shape[0]
     ends = [plan.sample_begin + n for n in (limits or [sample_len] * n_group)]
     tokens = [list(plan.initial) for _ in range(n_group)]
     sum_logprobs, token_logprobs = np.zeros(n_group), [[] for _ in range(n_group)]
-    aligns = [[a] for a in first_align]
+    aligns, loops = [[a] for a in first_align], {}  # loops: row -> what it is ranked on (_stopped_in_a_loop)
     # numpy.random is imported only to sample: its import adds megabytes to a short file's peak
     rng = np.random.default_rng(options.seed) if options.temperature >= 1e-6 else None
     logits, active = logits.astype(np.float32), ActiveRows(state, cross, n_group)
     try:
         for i in range(sample_len):
-            chosen, logprobs = _sample(logits, [tokens[k] for k in active.rows], plan, options, rng)
+            chosen, logprobs = _sample(logits, [tokens[k] for k in active.rows], plan, options, rng, active.noise_rows())
             for p, k in enumerate(active.rows):
                 if tokens[k][-1] == eot or len(tokens[k]) >= ends[k]:  # ended, or out of room: fed <|endoftext|>
                     chosen[p] = eot
@@ -377,11 +348,14 @@ def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarra
                     sum_logprobs[k] += logprobs[p]
                     token_logprobs[k].append(float(logprobs[p]))
                 tokens[k].append(int(chosen[p]))
-                if options.stop_at_repetition and chosen[p] != eot and cut_loop(tokens[k], token_logprobs[k], plan.sample_begin, tokenizer):
+                # Only text can close a loop: after a timestamp the text is what was checked a token before.
+                if options.stop_at_repetition and tb > chosen[p] != eot and (
+                        loop := _stopped_in_a_loop(tokens[k], token_logprobs[k], sum_logprobs[k], plan, tokenizer, options)):
+                    loops[k] = loop
                     sum_logprobs[k] = sum(token_logprobs[k])
             if all(tokens[k][-1] == eot for k in active.rows) or i == sample_len - 1 or active.state.length >= state.layout.length:
                 break
-            active.drop({k for k in active.rows if tokens[k][-1] == eot})
+            active.drop({k for k in active.rows if tokens[k][-1] == eot}, loops)
             logits, align = model.decoder.step(active.state, np.asarray([tokens[k][-1] for k in active.rows]), active.cross)
             for p, k in enumerate(active.rows):
                 aligns[k].append(align[p])
@@ -391,20 +365,39 @@ def _sample_loop(model, state, cross, logits: np.ndarray, first_align: np.ndarra
     for k in range(n_group):
         seq = tokens[k][plan.sample_begin :]
         seq = seq[: seq.index(eot)] if eot in seq else seq
-        hypotheses.append(Hypothesis(seq, float(sum_logprobs[k]), token_logprobs[k][: len(seq)], aligns[k][: len(seq) + 1]))
+        hypotheses.append(Hypothesis(seq, float(sum_logprobs[k]), token_logprobs[k][: len(seq)],
+                                     aligns[k][: len(seq) + 1], loop=loops.get(k)))
     return hypotheses
 
 
-def _sample(logits: np.ndarray, tokens: list[list[int]], plan: WindowPlan, options, rng) -> tuple[np.ndarray, np.ndarray]:
+def _stopped_in_a_loop(tokens: list[int], logprobs: list[float], logprob: float, plan: WindowPlan, tokenizer,
+                       options) -> tuple[float, int] | None:
+    """Where a row's sampled tokens end in a loop (``cut_loop``, which cuts it there; ``logprob``: their sum so
+    far), the log-probability and length the row is ranked on: with ``options.loop_ratio`` (the decoding then
+    fails as too repetitive) all it decoded, the loop too, as openai's ranking would see the loop it decodes to
+    the end; else (an update, which keeps the text) its text before the loop. None: no loop."""
+    decoded = (float(logprob), len(logprobs))
+    if not cut_loop(tokens, logprobs, plan.sample_begin, tokenizer, options.loop_ratio):
+        return None
+    return decoded if options.loop_ratio is not None else (sum(logprobs), len(logprobs))
+
+
+def _sample(logits: np.ndarray, tokens: list[list[int]], plan: WindowPlan, options, rng,
+            noise_rows: tuple[int, list[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows' next tokens after openai's filters, greedy or sampled, and their log-probabilities (only the
-    chosen tokens' are needed, so no log-softmax of the vocabulary)."""
+    chosen tokens' are needed, so no log-softmax of the vocabulary). ``noise_rows``: how many rows of sampling
+    noise to draw and the rows' among them (``ActiveRows.noise_rows``); None: one row each."""
     for f in plan.filters:
         f.apply(logits, tokens)
     normalizer = logsumexp(logits)[:, 0]
     if options.temperature < 1e-6:  # below this, sampling is greedy (and would overflow)
         chosen = logits.argmax(axis=-1)
     else:
-        gumbel = -np.log(-np.log(rng.uniform(1e-12, 1.0, size=logits.shape)))
+        if noise_rows is None:
+            uniform = rng.uniform(1e-12, 1.0, size=logits.shape)
+        else:
+            uniform = rng.uniform(1e-12, 1.0, size=(noise_rows[0], logits.shape[1]))[noise_rows[1]]
+        gumbel = -np.log(-np.log(uniform))
         chosen = (logits / options.temperature + gumbel).argmax(axis=-1)
     return chosen, logits[np.arange(len(chosen)), chosen] - normalizer
 

@@ -121,6 +121,11 @@ class TranscribeOptions:
             prefix=self.prefix, suppress_tokens=self.suppress_tokens, suppress_blank=self.suppress_blank,
             without_timestamps=self.without_timestamps, max_initial_timestamp=self.max_initial_timestamp,
             prefill=self.prefill, seed=seed,
+            # A loop fails the compression-ratio check once decoded to the token limit: a decoding stops in it once
+            # its text fails the check already (beam search decodes to the end). Without the check, openai keeps a
+            # loop whole.
+            stop_at_repetition=self.compression_ratio_threshold is not None,
+            loop_ratio=self.compression_ratio_threshold,
         )
 
     @property
@@ -165,12 +170,16 @@ class DecodingOptions:
     prefill: str = "exact"  # "exact" (multi-token decoder) or "table" (TextDecoderContextPrefill, WhisperKit)
     seed: int = 0  # sampling at temperature > 0 is seeded: the same input gives the same output
     stop_at_repetition: bool = False  # end a sample where its text starts to loop, the loop cut (repetition.py)
+    # With stop_at_repetition: stop once the text's compression ratio is over this too, the sample ranked on all it
+    # decoded and the result failing as too repetitive (a file's fallback); None: at the loop's first repeat (live).
+    loop_ratio: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "language", _language(self.language))
         _choice("task", self.task, TASKS)
         _choice("prefill", self.prefill, PREFILLS)
         _optional_number("temperature", self.temperature, minimum=0.0)
+        _optional_number("loop_ratio", self.loop_ratio)
         if self.temperature is None:
             raise OptionsError("temperature must be a number >= 0")
         if self.sample_len is not None and (not _is_int(self.sample_len) or self.sample_len < 1):

@@ -1,9 +1,14 @@
 """Where a decoding loops: the same text tokens over and over (``the the the``, a sentence again and again). openai's
-fallback finds a loop only after the whole window's 224 tokens, then decodes the window again at each higher
-temperature; a caller that cannot wait that long (a live update) cuts the loop where it starts instead."""
+fallback finds a loop only after the whole window's 224 tokens (their compression ratio is too high), then decodes
+the window again at each higher temperature. A decoding with ``DecodingOptions.stop_at_repetition`` stops in the
+loop instead, the loop cut (``DecodingResult.looped``). A file's decoding stops once the text has failed openai's
+check already (``DecodingOptions.loop_ratio``), and its fallback counts it as too repetitive and goes on to the next
+temperature: openai's decision without the rest of the loop. A live update stops at the loop's first repeat and
+keeps the text before it (the next update decodes its audio again)."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 from .tokenizer import Tokenizer
@@ -25,7 +30,8 @@ def loop_start(tokens: Sequence[int], timestamp_begin: int) -> int | None:
     n = len(text)
     for period in range(1, min(MAX_PERIOD, n // 2) + 1):
         span = period + max(period, MIN_REPEATED_TOKENS)
-        if n < span or text[n - span + period :] != text[n - span : n - period]:
+        # the last token against the one a period before first: most periods fail there, without a slice
+        if n < span or text[n - 1] != text[n - 1 - period] or text[n - span + period :] != text[n - span : n - period]:
             continue
         start = n - span
         while start > 0 and text[start - 1] == text[start - 1 + period]:
@@ -34,11 +40,23 @@ def loop_start(tokens: Sequence[int], timestamp_begin: int) -> int | None:
     return None
 
 
-def cut_loop(tokens: list[int], logprobs: list[float], sample_begin: int, tokenizer: Tokenizer) -> bool:
+def compression_ratio(text: str) -> float:
+    """openai's measure of a decoding's repetition: the text's length over its zlib-compressed length."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def cut_loop(tokens: list[int], logprobs: list[float], sample_begin: int, tokenizer: Tokenizer,
+             min_ratio: float | None = None) -> bool:
     """Where one row's sampled tokens (``tokens[sample_begin:]``, with their ``logprobs``) end in a loop, drop the
-    loop from both lists, end the row (<|endoftext|>) and say so."""
+    loop from both lists, end the row (<|endoftext|>) and say so. With ``min_ratio`` (openai's compression-ratio
+    threshold), only once their text's compression ratio is over it too: a loop that goes on only adds to it, so
+    openai's check of the whole decoding would fail it; a loop the model leaves before (speech that repeats a
+    sentence) is decoded on and judged whole, as openai's."""
     start = loop_start(tokens[sample_begin:], tokenizer.timestamp_begin)
     if start is None:
+        return False
+    if min_ratio is not None and compression_ratio(tokenizer.decode(tokens[sample_begin:]).strip()) <= min_ratio:
         return False
     del tokens[sample_begin + start :]
     del logprobs[start:]

@@ -160,10 +160,11 @@ def get_end(segments: Sequence[dict]) -> float | None:
 def decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed,
                           tried: Sequence[DecodingResult] = ()) -> DecodingResult:
     """Decode at each temperature in turn until a result passes the compression-ratio and log-probability
-    checks (``tried``: results at the first temperatures, already decoded). When none does, the result with the
-    best average log-probability among those not too repetitive (else among all) is kept, as faster-whisper
-    does: openai-whisper keeps the last, highest-temperature one, which on a fragile window (a fraction of a
-    second of tail audio) is the most likely to be noise."""
+    checks (``tried``: results at the first temperatures, already decoded); a decoding stopped in a loop fails
+    the first (``too_repetitive``). When none passes, the result with the best average
+    log-probability among those not too repetitive (else among all, a loop's text before the loop) is kept, as
+    faster-whisper does: openai-whisper keeps the last, highest-temperature one, which on a fragile window (a
+    fraction of a second of tail audio) is the most likely to be noise."""
     tried = list(tried)
     if tried and not _needs_fallback(tried[-1], options):
         return tried[-1]
@@ -172,33 +173,44 @@ def decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokeniz
         tried.append(result)
         if not _needs_fallback(result, options):
             return result
-    threshold = options.compression_ratio_threshold
-    not_repetitive = [r for r in tried if threshold is None or r.compression_ratio <= threshold]
+    not_repetitive = [r for r in tried if not too_repetitive(r, options)]
     return max(not_repetitive or tried, key=lambda r: r.avg_logprob)
 
 
 def decode_within(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed,
                   budget: DecodeBudget) -> DecodingResult | None:
-    """openai's fallback within ``budget``: the first result that passes its checks, else None."""
+    """openai's fallback within ``budget``: the first result that passes its checks, else None. A decoding stopped
+    at a loop is judged on its text before the loop: an update keeps that text, and the next decodes the audio
+    after it again."""
     for t in options.temperature[: 1 + budget.fallbacks]:
         decoding = options.decoding(t, tokenizer.language, prompt, seed)
-        decoding = replace(decoding, sample_len=budget.max_tokens, stop_at_repetition=True)
+        decoding = replace(decoding, sample_len=budget.max_tokens, stop_at_repetition=True, loop_ratio=None)
         result = decode(model, enc, decoding, tokenizer, language_probs)
-        if len(result.tokens) < budget.max_tokens and not _needs_fallback(result, options):
+        if len(result.tokens) < budget.max_tokens and not _needs_fallback(result, options, loop_fails=False):
             return result
     return None
 
 
-def _needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
-    """Too repetitive or too unlikely, unless silence (no-speech probability high and the text unlikely: a
-    confident result, a loop at a tail of audio say, still falls back: openai-whisper's rule since late 2024,
-    and faster-whisper's)."""
+def _needs_fallback(result: DecodingResult, options: TranscribeOptions, loop_fails: bool = True) -> bool:
+    """Too repetitive (a loop too where ``loop_fails``) or too unlikely, unless silence (no-speech probability
+    high and the text unlikely: a confident result, a loop at a tail of audio say, still falls back:
+    openai-whisper's rule since late 2024, and faster-whisper's)."""
     if options.no_speech_threshold is not None and result.no_speech_prob > options.no_speech_threshold:
         if options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold:
             return False
-    if options.compression_ratio_threshold is not None and result.compression_ratio > options.compression_ratio_threshold:
+    if too_repetitive(result, options, loop_fails):
         return True
     return options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
+
+
+def too_repetitive(result: DecodingResult, options: TranscribeOptions, loop_fails: bool = True) -> bool:
+    """openai's compression-ratio check. A decoding stopped in a loop (``result.looped``, its text before the loop
+    kept) fails it where ``loop_fails``: its text had failed it when it stopped, and openai's would have gone on
+    with the loop to the token limit."""
+    threshold = options.compression_ratio_threshold
+    if threshold is None:
+        return False
+    return result.compression_ratio > threshold or (loop_fails and result.looped)
 
 
 def is_silence(result: DecodingResult, options: TranscribeOptions) -> bool:
