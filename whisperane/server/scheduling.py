@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import WhisperaneError
 from ..loading import open_model
 from ..runtime.sessions import Around, IdleWeights, Reopen, Wrap
+from ..transcribe import Whisper
 from .models import FIRST_MODEL_ID, model_id
 
 if TYPE_CHECKING:  # imported for annotations only
@@ -57,9 +58,9 @@ class Schedule:
             models[key] = self.load_model(name)
         return models
 
-    def load_model(self, name_or_path) -> WhisperaneModel:
+    def load_model(self, name_or_path) -> Whisper:
         return open_model(name_or_path, threads=self.threads, encoder_threads=self.encoder_threads,
-                          wrap=self.wrapper())
+                          wrap=self.wrapper(), model_class=Whisper)
 
     def wrapper(self) -> Wrap:
         """The wrap for one model's components (``open_model``'s ``wrap``): a model's own weights are released
