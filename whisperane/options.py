@@ -43,6 +43,8 @@ class TranscribeOptions:
     no_speech_threshold: float | None = field(default=0.6, metadata=_help("a window is silent when <|nospeech|> is above this and the log-probability is low"))
     condition_on_previous_text: bool = field(default=True, metadata=_help("prompt each window with the previous window's text"))
     initial_prompt: str | None = field(default=None, metadata=_help("text that prompts the first window"))
+    carry_initial_prompt: bool = field(default=False, metadata=_help(
+        "the initial prompt before every window's prompt, the previous text trimmed to fit (openai-whisper's)"))
     prefix: str | None = field(default=None, metadata=_help("forced start of each window's text"))
     clip_timestamps: str | Sequence[float] = field(default="0", metadata=_help("start,end,start,end,... seconds to transcribe"))
     hallucination_silence_threshold: float | None = field(default=None, metadata=_help(
@@ -96,7 +98,7 @@ class TranscribeOptions:
         for name in ("initial_prompt", "prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
-        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard", "diarize"):
+        for name in ("word_timestamps", "condition_on_previous_text", "carry_initial_prompt", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard", "diarize"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
 

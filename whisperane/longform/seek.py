@@ -12,6 +12,7 @@ from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, AudioS
 from ..decoding import DecodingResult, detect_language
 from ..errors import WhisperaneError
 from ..options import TranscribeOptions
+from ..prompts import window_prompt
 from ..result import Segment, TranscriptionResult, result_from_segments, rounded
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
@@ -66,6 +67,7 @@ class SeekLoop:
         self.window_index = 0
         self.resumed: set[int] = set()  # windows the guard started: never guarded again
         self.all_tokens: list[int] = []
+        self.initial_tokens: list[int] = []  # the initial prompt's (carried into every window's prompt if asked)
         self.prompt_reset_since = 0
         self.segments: list[Segment] = []
         self.last_speech = 0.0  # the end of the last kept word
@@ -100,14 +102,15 @@ class SeekLoop:
         this loop's audio, decoded by another loop) or else the initial prompt."""
         self.tokenizer, self.language_probs = tokenizer, language_probs
         self.step = WindowStep(self.model, self.options, tokenizer, language_probs, self.guard)
-        if previous_text is not None:
-            self.all_tokens = list(previous_text)
-        elif self.options.initial_prompt:
-            self.all_tokens.extend(tokenizer.encode(" " + self.options.initial_prompt.strip()))
+        if self.options.initial_prompt:
+            self.initial_tokens = tokenizer.encode(" " + self.options.initial_prompt.strip())
+        # previous_text is another loop's prompt: with carry_initial_prompt, it starts with the initial prompt
+        self.all_tokens = list(previous_text) if previous_text is not None else [*self.initial_tokens]
 
     @property
     def prompt(self) -> list[int]:
-        return self.all_tokens[self.prompt_reset_since :]
+        return window_prompt(self.all_tokens, self.prompt_reset_since, self.initial_tokens,
+                             self.options.carry_initial_prompt, self.model.dims.n_text_ctx)
 
     def next_window(self) -> Window | None:
         """The next window with its log-mel, not encoded (for windows of several loops encoded and decoded

@@ -1,0 +1,24 @@
+"""A window's prompt: the previous text a seek loop gives it (``window_prompt``: openai-whisper's rule, with and
+without ``carry_initial_prompt``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def window_prompt(text: Sequence[int], reset_since: int, initial: Sequence[int], carry_initial: bool,
+                  n_text_ctx: int) -> list[int]:
+    """The prompt of the next window: ``text`` is every token so far (the initial prompt's ``initial`` first, then
+    each kept segment's), ``reset_since`` where the prompt was last reset (a high temperature, the speech guard,
+    condition_on_previous_text off). openai-whisper 20250625's transcribe(): without ``carry_initial_prompt`` the
+    tokens since the reset (the initial prompt among them until the first reset); with it, the initial prompt and
+    then the tokens since the reset, past the initial prompt, that fit in n_text_ctx // 2 - 1 with it (after a
+    reset the initial prompt alone). As openai's, an initial prompt of that length or more leaves the slice
+    ``[-remaining:]`` at zero or below (the whole text, or its start dropped), and the decoder then keeps the
+    prompt's last n_text_ctx // 2 - 1 tokens (``decoding``): the initial prompt's start is cut."""
+    if not carry_initial:
+        return list(text[reset_since:])
+    ignored = max(len(initial), reset_since)
+    remaining = n_text_ctx // 2 - 1 - len(initial)
+    return [*initial, *list(text[ignored:])[-remaining:]]
+
