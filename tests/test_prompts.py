@@ -1,5 +1,6 @@
-"""The window prompt's ``carry_initial_prompt`` (openai-whisper 20250625's rule, held to openai-whisper itself on
-the same float32 weights), and that it puts no words into audio without speech."""
+"""The window prompt's two vocabulary options: ``carry_initial_prompt`` (openai-whisper 20250625's rule, held to
+openai-whisper itself on the same float32 weights) and ``hotwords`` (faster-whisper's get_prompt), and that
+neither puts words into audio without speech."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from openai_reference import (
 )
 
 from whisperane.audio import FRAMES_PER_SECOND, SAMPLE_RATE, load_audio
+from whisperane.decoding import plan_window
+from whisperane.errors import OptionsError
+from whisperane.options import DecodingOptions, TranscribeOptions
 from whisperane.prompts import window_prompt
 
 N_TEXT_CTX = 448  # every Whisper's; the prompt keeps n_text_ctx // 2 - 1 = 223 tokens
@@ -64,6 +68,35 @@ def test_a_carried_prompt_starts_with_the_initial_prompt_and_fits():
     prompt = window_prompt(initial + list(range(500)), 20, initial, True, N_TEXT_CTX)
     assert prompt[:20] == initial and prompt[20:] == list(range(500))[-203:] and len(prompt) == 223
     assert window_prompt(initial + list(range(500)), 520, initial, True, N_TEXT_CTX) == initial  # after a reset
+
+
+def _head(model, **options) -> list[int]:
+    tokenizer = model.tokenizer("en", "transcribe")
+    plan = plan_window(model, DecodingOptions(language="en", **options), tokenizer)
+    return plan.initial[: plan.sot_index]
+
+
+def test_hotwords_go_before_the_previous_text(tiny_float32_model):
+    """faster-whisper's get_prompt: <|startofprev|>, the hotwords, the previous text; hotwords alone where there is
+    no previous text; none where a prefix is given. The previous text keeps what fits beside them."""
+    tokenizer = tiny_float32_model.tokenizer("en", "transcribe")
+    hot = tokenizer.encode(" Quilter Gutenberg")
+    previous = list(range(300, 800))
+    head = _head(tiny_float32_model, hotwords="Quilter Gutenberg", prompt=previous)
+    assert head == [tokenizer.sot_prev, *hot, *previous[-(223 - len(hot)) :]]
+    assert _head(tiny_float32_model, hotwords="Quilter Gutenberg") == [tokenizer.sot_prev, *hot]
+    assert _head(tiny_float32_model, hotwords="Quilter Gutenberg", prefix="And") == []
+    assert _head(tiny_float32_model, prompt=previous) == [tokenizer.sot_prev, *previous[-223:]]
+    assert len(_head(tiny_float32_model, hotwords=" word" * 400, prompt=previous)) == 224  # hotwords cut to 223
+
+
+def test_hotwords_and_a_prefix_are_refused():
+    """A prefix starts every window here (openai's), so hotwords (faster-whisper drops them under a prefix) could
+    never apply."""
+    with pytest.raises(OptionsError, match="hotwords"):
+        TranscribeOptions(hotwords="Quilter", prefix="And")
+    with pytest.raises(OptionsError, match="carry_initial_prompt"):
+        TranscribeOptions(carry_initial_prompt="yes")
 
 
 # --- against openai-whisper -------------------------------------------------------------------------------------
@@ -186,8 +219,9 @@ def _quiet(seconds: float, rms: float | None, seed: int = 64) -> np.ndarray:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [dict(initial_prompt=VOCABULARY, carry_initial_prompt=True)],
-                         ids=["carried-prompt"])
+@pytest.mark.parametrize("options", [dict(hotwords=VOCABULARY),
+                                     dict(initial_prompt=VOCABULARY, carry_initial_prompt=True)],
+                         ids=["hotwords", "carried-prompt"])
 def test_vocabulary_puts_no_words_into_silence(options, tiny_int8_model):
     """With the speech guard on (its rules apply to any text, whatever the prompt), a prompt naming words to expect
     gives no words in 45 s of digital silence framed by low noise (-50 dBFS, the framed-clip benchmark's) nor in

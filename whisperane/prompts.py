@@ -1,5 +1,6 @@
 """A window's prompt: the previous text a seek loop gives it (``window_prompt``: openai-whisper's rule, with and
-without ``carry_initial_prompt``)."""
+without ``carry_initial_prompt``), and what the decoder puts before the sot sequence (``prompt_head``: that text
+after faster-whisper's hotwords)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def window_prompt(text: Sequence[int], reset_since: int, initial: Sequence[int],
     remaining = n_text_ctx // 2 - 1 - len(initial)
     return [*initial, *list(text[ignored:])[-remaining:]]
 
+
+def prompt_head(sot_prev: int, prompt: Sequence[int], hotwords: Sequence[int], n_text_ctx: int) -> list[int]:
+    """<|startofprev|>, the hotwords (faster-whisper's get_prompt: at most n_text_ctx // 2 - 1 tokens, before the
+    previous text), then the prompt's last tokens: openai's n_text_ctx // 2 - 1 of them, less the hotwords' (the
+    sampled text keeps its n_text_ctx // 2 positions, where faster-whisper would keep as much previous text and
+    overrun the context); nothing when there is neither."""
+    room = n_text_ctx // 2 - 1
+    hotwords = list(hotwords[:room])
+    if not prompt and not hotwords:
+        return []
+    return [sot_prev, *hotwords, *prompt[max(0, len(prompt) - (room - len(hotwords))) :]]

@@ -34,7 +34,8 @@ MAX_FIELDS = 64
 MAX_BOUNDARY = 70  # RFC 2046's limit on a multipart boundary's length
 # whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
 EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool, "diarize": bool,
-                 "num_speakers": int, "min_speakers": int, "max_speakers": int, "carry_initial_prompt": bool}
+                 "num_speakers": int, "min_speakers": int, "max_speakers": int, "carry_initial_prompt": bool,
+                 "hotwords": str}
 UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
 READ_BLOCK = 30 * SAMPLE_RATE  # samples an upload's decode reads between two checks of its job
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
@@ -296,7 +297,7 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
             kwargs["temperature"] = (t,)
     for name, kind in EXTRA_OPTIONS.items():
         if (value := upload.value(name)) is not None:
-            kwargs[name] = _flag(name, value) if kind is bool else _number(name, value, kind)
+            kwargs[name] = _flag(name, value) if kind is bool else value if kind is str else _number(name, value, kind)
             if name in UPPER_BOUNDS and kwargs[name] > UPPER_BOUNDS[name]:
                 raise ApiError(400, f"{name} may be at most {UPPER_BOUNDS[name]} on this server", param=name,
                                code="invalid_option")
