@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import WhisperaneError
 from ..loading import load_model
 from ..runtime.sessions import Around, IdleWeights, Reopen, Wrap
-from .models import model_id
+from .models import model_ids
 
 if TYPE_CHECKING:  # imported for annotations only
     from ..runtime.executors import Component
@@ -48,15 +47,9 @@ class Schedule:
         self._running = 0
 
     def load_models(self, names: list[str]) -> dict[str, WhisperaneModel]:
-        """The models by id (``server.models.model_id``), each loaded with its components wrapped for this
+        """The models by id (``server.models.model_ids``), each loaded with its components wrapped for this
         schedule."""
-        models: dict[str, WhisperaneModel] = {}
-        for name in names:
-            key = model_id(name)
-            if key in models or key == "whisper-1":
-                raise WhisperaneError(f"two models would have the id '{key}'")
-            models[key] = self.load_model(name)
-        return models
+        return {key: self.load_model(name) for key, name in model_ids(names).items()}
 
     def load_model(self, name_or_path) -> WhisperaneModel:
         return load_model(name_or_path, threads=self.threads, encoder_threads=self.encoder_threads,
