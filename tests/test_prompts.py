@@ -77,17 +77,19 @@ def _head(model, **options) -> list[int]:
 
 
 def test_hotwords_go_before_the_previous_text(tiny_float32_model):
-    """faster-whisper's get_prompt: <|startofprev|>, the hotwords, the previous text; hotwords alone where there is
-    no previous text; none where a prefix is given. The previous text keeps what fits beside them."""
+    """faster-whisper's get_prompt: <|startofprev|>, the hotwords, the previous text's last 223 tokens; hotwords
+    alone where there is no previous text; none where a prefix is given. Long hotwords cut the previous text so that
+    the head keeps at most 336 of the 448 positions."""
     tokenizer = tiny_float32_model.tokenizer("en", "transcribe")
     hot = tokenizer.encode(" Quilter Gutenberg")
     previous = list(range(300, 800))
     head = _head(tiny_float32_model, hotwords="Quilter Gutenberg", prompt=previous)
-    assert head == [tokenizer.sot_prev, *hot, *previous[-(223 - len(hot)) :]]
+    assert head == [tokenizer.sot_prev, *hot, *previous[-223:]]
     assert _head(tiny_float32_model, hotwords="Quilter Gutenberg") == [tokenizer.sot_prev, *hot]
     assert _head(tiny_float32_model, hotwords="Quilter Gutenberg", prefix="And") == []
     assert _head(tiny_float32_model, prompt=previous) == [tokenizer.sot_prev, *previous[-223:]]
-    assert len(_head(tiny_float32_model, hotwords=" word" * 400, prompt=previous)) == 224  # hotwords cut to 223
+    long = _head(tiny_float32_model, hotwords=" word" * 400, prompt=previous)  # hotwords cut to 223 tokens...
+    assert long[1:224] == tokenizer.encode(" word" * 400)[:223] and long[224:] == previous[-112:]  # ...336 in all
 
 
 def test_hotwords_and_a_prefix_are_refused():

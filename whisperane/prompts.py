@@ -25,12 +25,14 @@ def window_prompt(text: Sequence[int], reset_since: int, initial: Sequence[int],
 
 
 def prompt_head(sot_prev: int, prompt: Sequence[int], hotwords: Sequence[int], n_text_ctx: int) -> list[int]:
-    """<|startofprev|>, the hotwords (faster-whisper's get_prompt: at most n_text_ctx // 2 - 1 tokens, before the
-    previous text), then the prompt's last tokens: openai's n_text_ctx // 2 - 1 of them, less the hotwords' (the
-    sampled text keeps its n_text_ctx // 2 positions, where faster-whisper would keep as much previous text and
-    overrun the context); nothing when there is neither."""
-    room = n_text_ctx // 2 - 1
-    hotwords = list(hotwords[:room])
+    """<|startofprev|>, the hotwords, then the previous text: faster-whisper's get_prompt (the hotwords' first and
+    the prompt's last n_text_ctx // 2 - 1 tokens each); nothing when there is neither. Beyond it, the two keep at
+    most three quarters of the decoder's positions, the previous text cut first: the sampled text always has a
+    quarter, where faster-whisper's long hotwords beside a long previous text run out of positions (its issue 1022:
+    "No position encodings are defined for positions >= 448")."""
+    half = n_text_ctx // 2 - 1
+    hotwords = list(hotwords[:half])
     if not prompt and not hotwords:
         return []
-    return [sot_prev, *hotwords, *prompt[max(0, len(prompt) - (room - len(hotwords))) :]]
+    keep = min(half, n_text_ctx * 3 // 4 - 1 - len(hotwords))
+    return [sot_prev, *hotwords, *prompt[max(0, len(prompt) - keep) :]]
