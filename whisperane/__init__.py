@@ -10,11 +10,11 @@ from .live import LiveTranscriber, StreamEvent, stream  # noqa: E402
 from .options import DecodingOptions, TranscribeOptions  # noqa: E402
 from .result import Segment, TranscriptionResult, Word  # noqa: E402
 from .runtime.model import WhisperaneModel  # noqa: E402
-from .transcribe import Whisper, load_model, transcribe  # noqa: E402
+from .transcribe import Transcription, Whisper, WindowDone, load_model, transcribe  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = [
     "AudioError", "DecodingOptions", "DecodingResult", "LiveTranscriber", "ModelError", "OptionsError", "OutputError",
-    "Segment", "StreamEvent", "TranscribeOptions", "TranscriptionResult", "WhisperaneError", "Whisper", "WhisperaneModel", "Word",
+    "Segment", "StreamEvent", "TranscribeOptions", "Transcription", "TranscriptionResult", "WhisperaneError", "Whisper", "WhisperaneModel", "WindowDone", "Word",
     "__version__", "load_model", "stream", "transcribe",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``whisperane transcribe``, ``convert``, ``batch`` and ``stream`` (whisperane/live/command.py).
+"""Command line: ``whisperane transcribe``, ``convert``, ``models``, ``batch`` and ``stream`` (whisperane/live/command.py).
 
 Every failure prints one line ``whisperane: error: <file>: <cause>`` and the exit status is non-zero (1; 2 for
 usage errors; 130 when interrupted by Ctrl-C or SIGTERM). A batch goes on past a bad file and lists the
@@ -263,6 +263,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from .convert.command import add_convert_parser
 
     add_convert_parser(sub)
+    from .convert.models_command import add_models_parser
+
+    add_models_parser(sub)
     from .live.command import add_stream_parser
 
     add_stream_parser(sub, add_model_arguments)
@@ -331,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
                     from .ray_batch.command import run_batch
 
                     return run_batch(args)
+                if args.command == "models":
+                    from .convert.models_command import run_models
+
+                    return run_models(args)
                 if args.command == "serve":
                     from .server.command import run_serve
 

@@ -18,6 +18,7 @@ from .audio import TIME_PRECISION
 from .errors import WhisperaneError
 from .language import choose_language
 from .options import DecodingOptions, token_ids
+from .prompts import prompt_head
 from .repetition import compression_ratio, cut_loop
 from .runtime.decoder_adapters import CrossAttention, logsumexp
 from .runtime.model import WhisperaneModel
@@ -142,9 +143,10 @@ def _encode_text_or_tokens(tokenizer: Tokenizer, value: str | Sequence[int]) -> 
     return tokenizer.encode(" " + value.strip()) if isinstance(value, str) else [int(t) for t in value]
 
 
-def _prompt_head(tokenizer: Tokenizer, prompt: Sequence[int], n_ctx: int) -> list[int]:
-    """<|startofprev|> and the prompt's last n_ctx // 2 - 1 tokens (openai's), before the sot sequence."""
-    return [tokenizer.sot_prev, *prompt[-(n_ctx // 2 - 1) :]]
+def _prompt_head(tokenizer: Tokenizer, prompt: str | Sequence[int] | None, options: DecodingOptions, n_ctx: int) -> list[int]:
+    """``prompts.prompt_head``: the prompt after the hotwords, where no prefix is given (faster-whisper's rule)."""
+    hotwords = _encode_text_or_tokens(tokenizer, options.hotwords) if options.hotwords and not options.prefix else []
+    return prompt_head(tokenizer.sot_prev, _encode_text_or_tokens(tokenizer, prompt) if prompt else [], hotwords, n_ctx)
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def sample_room(model: WhisperaneModel, sample_len: int, used: int) -> int:
 
 def plan_window(model: WhisperaneModel, options: DecodingOptions, tokenizer: Tokenizer) -> WindowPlan:
     n_ctx = model.dims.n_text_ctx
-    initial = _prompt_head(tokenizer, _encode_text_or_tokens(tokenizer, options.prompt), n_ctx) if options.prompt else []
+    initial = _prompt_head(tokenizer, options.prompt, options, n_ctx)
     sot_index = len(initial)
     initial += list(tokenizer.sot_sequence_including_notimestamps if options.without_timestamps else tokenizer.sot_sequence)
     if options.prefix:
@@ -226,8 +228,8 @@ def decode_windows(model: WhisperaneModel, enc: CrossAttention, options: Decodin
     batch = enc.batch
     if prompts is None:
         prompts = [_encode_text_or_tokens(tokenizer, options.prompt) if options.prompt else None] * batch
-    plan = plan_window(model, replace(options, prompt=None), tokenizer)  # what every row shares after its prompt
-    heads = [_prompt_head(tokenizer, p, model.dims.n_text_ctx) if p else [] for p in prompts]
+    plan = plan_window(model, replace(options, prompt=None, hotwords=None), tokenizer)  # what rows share after it
+    heads = [_prompt_head(tokenizer, p, options, model.dims.n_text_ctx) for p in prompts]
     limits = [sample_room(model, plan.sample_len, plan.sample_begin + len(h)) for h in heads]
     with model.decoding_state(batch) as state:
         if any(heads):

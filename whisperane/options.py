@@ -47,6 +47,10 @@ class TranscribeOptions:
     no_speech_threshold: float | None = field(default=0.6, metadata=_help("a window is silent when <|nospeech|> is above this and the log-probability is low"))
     condition_on_previous_text: bool = field(default=True, metadata=_help("prompt each window with the previous window's text"))
     initial_prompt: str | None = field(default=None, metadata=_help("text that prompts the first window"))
+    carry_initial_prompt: bool = field(default=False, metadata=_help(
+        "the initial prompt before every window's prompt, the previous text trimmed to fit (openai-whisper's)"))
+    hotwords: str | None = field(default=None, metadata=_help(
+        "words to bias toward, before the previous text in every window's prompt (faster-whisper's; not with prefix)"))
     prefix: str | None = field(default=None, metadata=_help("forced start of each window's text"))
     clip_timestamps: str | Sequence[float] = field(default="0", metadata=_help("start,end,start,end,... seconds to transcribe"))
     hallucination_silence_threshold: float | None = field(default=None, metadata=_help(
@@ -104,10 +108,13 @@ class TranscribeOptions:
         _batched_mode(self)
         _multilingual(self)
         _speaker_options(self)
-        for name in ("initial_prompt", "prefix"):
+        for name in ("initial_prompt", "prefix", "hotwords"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise OptionsError(f"{name} must be text")
-        for name in ("word_timestamps", "condition_on_previous_text", "suppress_blank", "without_timestamps", "vad_filter", "speech_guard", "diarize", "multilingual"):
+        if self.hotwords and self.prefix:  # faster-whisper drops them where a prefix is given: every window here
+            raise OptionsError("hotwords apply where no prefix is given, and a prefix starts every window: give one")
+        for name in ("word_timestamps", "condition_on_previous_text", "carry_initial_prompt", "suppress_blank",
+                     "without_timestamps", "vad_filter", "speech_guard", "diarize", "multilingual"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name} must be True or False, not {getattr(self, name)!r}")
 
@@ -118,7 +125,7 @@ class TranscribeOptions:
             best_of=self.best_of if temperature > 0 else None, beam_size=None if temperature > 0 else self.beam_size,
             patience=None if temperature > 0 else self.patience, length_penalty=self.length_penalty,
             prompt=list(prompt) if prompt else None,
-            prefix=self.prefix, suppress_tokens=self.suppress_tokens, suppress_blank=self.suppress_blank,
+            prefix=self.prefix, hotwords=self.hotwords, suppress_tokens=self.suppress_tokens, suppress_blank=self.suppress_blank,
             without_timestamps=self.without_timestamps, max_initial_timestamp=self.max_initial_timestamp,
             prefill=self.prefill, seed=seed,
             # A loop fails the compression-ratio check once decoded to the token limit: a decoding stops in it once
@@ -163,6 +170,7 @@ class DecodingOptions:
     length_penalty: float | None = None  # None: rank by log-probability / length; else the GNMT penalty
     prompt: str | Sequence[int] | None = None  # text of the previous window(s), fed after <|startofprev|>
     prefix: str | Sequence[int] | None = None  # forced start of the current window's text
+    hotwords: str | Sequence[int] | None = None  # before the prompt, where no prefix is given (faster-whisper's)
     suppress_tokens: str | Iterable[int] | None = "-1"
     suppress_blank: bool = True
     without_timestamps: bool = False

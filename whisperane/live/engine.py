@@ -275,12 +275,16 @@ class LiveTranscriber:
     # --- context ----------------------------------------------------------------------------------------
 
     def _prompt(self) -> str:
-        """The confirmed text before the buffer (after the initial prompt), its last PROMPT_CHARS characters."""
+        """The confirmed text before the buffer (after the initial prompt), its last PROMPT_CHARS characters; with
+        carry_initial_prompt, the initial prompt and the confirmed text's last characters that fit with it."""
         if not self.options.condition_on_previous_text:
             return self._initial_prompt
         start = self._buffer_start / SAMPLE_RATE
-        before = words_text([w for w in self._confirmed if w.end <= start])
-        text = (self._initial_prompt + " " + before.strip()).strip()
+        before = words_text([w for w in self._confirmed if w.end <= start]).strip()
+        if self.options.carry_initial_prompt and self._initial_prompt:
+            room = PROMPT_CHARS - len(self._initial_prompt) - 1
+            return (self._initial_prompt + " " + (before[-room:].lstrip() if room > 0 else "")).strip()
+        text = (self._initial_prompt + " " + before).strip()
         return text[-PROMPT_CHARS:].lstrip()
 
     def _language(self, enc: CrossAttention) -> tuple[Tokenizer, bool]:

@@ -69,7 +69,8 @@ def multilingual_windows(model: WhisperaneModel, open_stream: Callable[[], Audio
     for i, run in enumerate(runs):
         with SpeechStream(open_stream(), [run.span], n_samples, probabilities) as speech:
             loop = SeekLoop.over_speech(model, speech, options, voiced_regions,
-                                        LanguageChoice(model, run.language, options.task), None if i == 0 else ())
+                                        LanguageChoice(model, run.language, options.task),
+                                        None if i == 0 or options.carry_initial_prompt else ())
             for window in loop:
                 yield WindowDone((), (done + window.done * SAMPLE_RATE) / total * duration, duration)
             kept = [replace(s, language=run.language) for s in restore_timestamps(loop.segments, speech.time_map, voiced)]

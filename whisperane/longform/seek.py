@@ -14,6 +14,7 @@ from ..decoding import DecodingResult
 from ..errors import WhisperaneError
 from ..language import LanguageChoice
 from ..options import TranscribeOptions
+from ..prompts import window_prompt
 from ..result import Segment, TranscriptionResult, result_from_segments, rounded
 from ..runtime.model import WhisperaneModel
 from ..tokenizer import Tokenizer
@@ -60,15 +61,19 @@ class Position:
 @dataclass
 class Prompt:
     """The text so far as the next window's prompt: every token kept (after the initial prompt or the text before
-    this loop's audio), and where it was last reset (no prompt after a high temperature, or where the guard
-    decodes again)."""
+    this loop's audio), where it was last reset (no prompt after a high temperature, or where the guard decodes
+    again), the initial prompt's tokens, and whether they start every window's prompt (carry_initial_prompt, in
+    the decoder's n_text_ctx)."""
 
     tokens: list[int]
+    initial: list[int]
+    carry_initial: bool
+    n_text_ctx: int
     reset_since: int = 0
 
     @property
     def current(self) -> list[int]:
-        return self.tokens[self.reset_since :]
+        return window_prompt(self.tokens, self.reset_since, self.initial, self.carry_initial, self.n_text_ctx)
 
 
 class SeekLoop:
@@ -92,9 +97,12 @@ class SeekLoop:
         content_frames = int(stream.n_samples // HOP_LENGTH)
         self._clips = clip_ranges(options.clip_timestamps, content_frames)
         self.position = Position(self._clips[0][0], content_frames)
-        if previous_text is None and options.initial_prompt:
-            previous_text = model.tokenizer(options.language or "en", options.task).encode(" " + options.initial_prompt.strip())
-        self.prompt = Prompt(list(previous_text or ()))
+        initial = []
+        if options.initial_prompt:
+            initial = model.tokenizer(options.language or "en", options.task).encode(" " + options.initial_prompt.strip())
+        # previous_text is another loop's prompt: with carry_initial_prompt, it starts with the initial prompt
+        tokens = list(previous_text) if previous_text is not None else [*initial]
+        self.prompt = Prompt(tokens, initial, options.carry_initial_prompt, model.dims.n_text_ctx)
         self.segments: list[Segment] = []
 
     @classmethod

@@ -27,17 +27,17 @@ from ..transcribe import Transcription
 from .access import AccessMiddleware
 from .config import ServerConfig
 from .deadlines import paced, shutting_down
-from .models import FIRST_MODEL_ID
+from .models import Lease, ModelRegistry
 from .openai_api import (
     ApiError,
     RequestOptions,
     Upload,
     decode_upload,
-    loaded_model_id,
     options_error,
     read_upload,
     render,
     request_options,
+    served_model_id,
     too_large,
     verbose_json,
 )
@@ -71,17 +71,14 @@ def public_error(e: BaseException, upload: Upload | None = None) -> ApiError:
 class Server:
     """The app's state: the models by id, the config, the decode pool and the live sessions open now."""
 
-    def __init__(self, models: dict[str, WhisperaneModel], config: ServerConfig, schedule: Schedule | None = None):
-        if not models:
-            raise ValueError("the server needs at least one model")
-        self.models, self.config = models, config
+    def __init__(self, models: dict[str, WhisperaneModel] | ModelRegistry, config: ServerConfig,
+                 schedule: Schedule | None = None):
+        self.models = models if isinstance(models, ModelRegistry) else ModelRegistry.of_loaded(models)
+        self.config = config
         self.pool = DecodePool(config.workers, config.queue, schedule)
         self.created = int(time.time())
         self.stopping = asyncio.Event()  # set once the shutdown grace is over: every wait on a client ends
         self.live: set[LiveSession] = set()
-
-    def model(self, model_id: str) -> WhisperaneModel:
-        return next(iter(self.models.values())) if model_id == FIRST_MODEL_ID else self.models[model_id]
 
     def reserve(self) -> Slot:
         try:
@@ -118,17 +115,19 @@ class Server:
             raise too_large(max_bytes)  # refused from the header: the body is never read
         slot = self.reserve()
         upload: Upload | None = None
+        lease: Lease | None = None
         try:
             body = paced(request.stream(), self.config, self.stopping)
             upload = await read_upload(request.headers.get("content-type"), body, max_bytes, self.config.spool_dir)
             options = request_options(upload, task, list(self.models))
-            model = self.model(options.model)
-            _check_options(options, model)
+            lease = await self.models.lease(options.model)  # the first request of an unloaded model loads it
+            _check_options(options, lease.model)
             if options.stream:
-                stream = self._stream(slot, upload, model, options)
-                slot = upload = None  # the stream's job owns them now
+                stream = self._stream(slot, upload, lease.model, options)
+                stream.task.add_done_callback(lambda _, held=lease: held.release())
+                slot = upload = lease = None  # the stream's job owns them now
                 return await self._stream_response(request, stream)
-            return await self._complete(request, slot, upload, model, options, task)
+            return await self._complete(request, slot, upload, lease.model, options, task)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it: the client has gone mid-upload
         finally:
@@ -136,6 +135,8 @@ class Server:
                 upload.remove()
             if slot is not None:
                 slot.release()
+            if lease is not None:
+                lease.release()
 
     async def _complete(self, request: Request, slot: Slot, upload: Upload, model: WhisperaneModel,
                         options: RequestOptions, task: str) -> Response:
@@ -182,6 +183,7 @@ class Server:
         requests end within the grace, then stop the rest (their clients told so) and end every wait on a
         client."""
         self.pool.close()
+        self.models.close()
         for session in list(self.live):
             session.finish_now()
         await self._settle(self.config.shutdown_grace_s)
@@ -214,10 +216,10 @@ async def _cancel_on_disconnect(request: Request, slot: Slot) -> None:
     slot.job.stop()
 
 
-def create_app(models: dict[str, WhisperaneModel], config: ServerConfig | None = None,
+def create_app(models: dict[str, WhisperaneModel] | ModelRegistry, config: ServerConfig | None = None,
                schedule: Schedule | None = None) -> FastAPI:
-    """The app over ``models`` (id -> loaded model; the first is ``whisper-1``), loaded by ``schedule``
-    (``Schedule.load_models``), whose requests its decode pool counts."""
+    """The app over ``models`` (id -> loaded model, or a ``ModelRegistry`` that loads and unloads them; the first
+    is ``whisper-1``), loaded by ``schedule`` (``Schedule.load_models``), whose requests its decode pool counts."""
     server = Server(models, config or ServerConfig(), schedule)
     app = FastAPI(title="whisperane", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
@@ -260,7 +262,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str):
-        return _model_card(loaded_model_id(model_id, list(server.models)), server)
+        return _model_card(served_model_id(model_id, list(server.models)), server)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -287,8 +289,7 @@ def _add_routes(app: FastAPI, server: Server) -> None:
 
 def _model_card(model_id: str, server: Server) -> dict:
     """OpenAI's model object, and what the page offers for it: the languages it transcribes (English-only models:
-    English, and no translation)."""
-    model = server.model(model_id)
-    languages = list(model.tokenizer().all_language_codes) if model.is_multilingual else ["en"]
+    English, and no translation); ``loaded``: whether it is in memory now (else its next request loads it)."""
+    multilingual, languages = server.models.languages(model_id)
     return {"id": model_id, "object": "model", "created": server.created, "owned_by": "whisperane",
-            "multilingual": model.is_multilingual, "languages": languages}
+            "multilingual": multilingual, "languages": languages, "loaded": server.models.loaded(model_id)}

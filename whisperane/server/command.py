@@ -22,8 +22,13 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help="address to bind (0.0.0.0 exposes it to the network)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", action="append", default=None,
-                   help="model name or bundle directory, loaded at start; repeat for several (whisper-1: the first; "
-                        "tiny.en when none is named)")
+                   help="model name or bundle directory, loaded at start (see --lazy-load); repeat for several "
+                        "(whisper-1: the first; tiny.en when none is named)")
+    p.add_argument("--lazy-load", action="store_true",
+                   help="load each model on its first request (that request waits) instead of at start")
+    p.add_argument("--model-ttl", type=float, default=-1, metavar="SECONDS",
+                   help="unload a model idle this long (never while a request or a live stream uses it; the next "
+                        "request loads it again); -1: never, 0: as soon as it is idle")
     p.add_argument("--api-key", default=None, help=f"require Authorization: Bearer KEY (else ${API_KEY_ENV} when set)")
     p.add_argument("--max-concurrency", type=int, default=os.cpu_count() or 1,
                    help="decodes at once; one per core by default")
@@ -90,6 +95,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise WhisperaneError(f"the server needs {e.name}: pip install 'whisperane[server]'") from None
     config = server_config(args)
     names = args.model or ["tiny.en"]
+    if args.ray_address and (args.lazy_load or args.model_ttl != -1):
+        raise WhisperaneError("--lazy-load and --model-ttl apply to a server of its own, not to Ray Serve's replicas")
     if args.ray_address:
         from .ray_serve import serve_on_ray
 
@@ -101,11 +108,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..runtime.executors import map_large_allocations
     from .app import create_app
     from .lifecycle import spool_directory, uvicorn_server
+    from .models import ModelRegistry
     from .scheduling import Schedule
 
     map_large_allocations()
     schedule = Schedule(args.threads_per_worker, encoder_threads(args))
-    models = schedule.load_models(names)
+    models = ModelRegistry(names, schedule.load_model, ttl=args.model_ttl, lazy=args.lazy_load)
     with spool_directory(config.spool_dir) as spool:
         uvicorn_server(create_app(models, replace(config, spool_dir=spool), schedule), args.host, args.port).run()
     return 0

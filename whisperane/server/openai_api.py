@@ -12,7 +12,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +36,8 @@ MAX_FIELDS = 64
 MAX_BOUNDARY = 70  # RFC 2046's limit on a multipart boundary's length
 # whisperane's own options a request may add to OpenAI's (extra form fields), with their types.
 EXTRA_OPTIONS = {"beam_size": int, "vad_filter": bool, "batch_size": int, "word_timestamps": bool, "diarize": bool,
-                 "num_speakers": int, "min_speakers": int, "max_speakers": int, "multilingual": bool}
+                 "num_speakers": int, "min_speakers": int, "max_speakers": int, "multilingual": bool,
+                 "carry_initial_prompt": bool, "hotwords": str}
 UPPER_BOUNDS = {"beam_size": MAX_BEAM_SIZE, "batch_size": MAX_BATCH_SIZE}  # the rest is TranscribeOptions' check
 READ_BLOCK = 30 * SAMPLE_RATE  # samples an upload's decode reads between two checks of its job
 OPENAI_FIELDS = ("file", "model", "language", "prompt", "response_format", "temperature", "timestamp_granularities[]",
@@ -274,16 +275,17 @@ def _number(name: str, value: str, kind: type) -> float | int:
         raise ApiError(400, f"{name} must be a number, not {value!r}", param=name) from None
 
 
-def loaded_model_id(requested: str | None, model_ids: list[str]) -> str:
-    """The id of a loaded model a request names (none: ``whisper-1``); 404 for any other."""
+def served_model_id(requested: str | None, model_ids: Sequence[str]) -> str:
+    """The id of a model this server serves (loaded, or loaded on its first request) that a request names (none:
+    ``whisper-1``, the first); 404 for any other."""
     model = requested or FIRST_MODEL_ID
     if model != FIRST_MODEL_ID and model not in model_ids:
-        raise ApiError(404, f"the model '{model}' is not loaded; loaded: {', '.join(model_ids)} "
+        raise ApiError(404, f"the model '{model}' is not served here; served: {', '.join(model_ids)} "
                        f"({FIRST_MODEL_ID}: the first)", param="model", code="model_not_found")
     return model
 
 
-def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestOptions:
+def request_options(upload: Upload, task: str, model_ids: Sequence[str]) -> RequestOptions:
     """The request's options from its form fields; 400 for an unknown field or value, 404 for an unknown model."""
     allowed = set(OPENAI_FIELDS) | set(EXTRA_OPTIONS)
     if task == "translate":
@@ -293,7 +295,7 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
             raise ApiError(400, f"unknown option '{name}'", param=name, code="unknown_parameter")
     if upload.path is None:
         raise ApiError(400, "no audio file: send it as the multipart field 'file'", param="file")
-    model = loaded_model_id(upload.value("model"), model_ids)
+    model = served_model_id(upload.value("model"), model_ids)
     response_format = upload.value("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, f"unknown response_format '{response_format}'; one of {', '.join(RESPONSE_FORMATS)}",
@@ -315,7 +317,7 @@ def request_options(upload: Upload, task: str, model_ids: list[str]) -> RequestO
             kwargs["temperature"] = (t,)
     for name, kind in EXTRA_OPTIONS.items():
         if (value := upload.value(name)) is not None:
-            kwargs[name] = _flag(name, value) if kind is bool else _number(name, value, kind)
+            kwargs[name] = _flag(name, value) if kind is bool else value if kind is str else _number(name, value, kind)
             if name in UPPER_BOUNDS and kwargs[name] > UPPER_BOUNDS[name]:
                 raise ApiError(400, f"{name} may be at most {UPPER_BOUNDS[name]} on this server", param=name,
                                code="invalid_option")

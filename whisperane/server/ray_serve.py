@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import WhisperaneError
 from ..runtime.executors import map_large_allocations
 from .app import ServerConfig, create_app
-from .models import model_id
+from .models import model_ids
 from .scheduling import Schedule
 
 APP_NAME = "whisperane"
@@ -39,8 +39,7 @@ def deployment(names: list[str], config: ServerConfig, replicas: int, threads: i
 
     # A path is made absolute here: a replica's working directory is not the driver's.
     names = [str(Path(n).resolve()) if Path(n).is_dir() else n for n in names]
-    if len({model_id(n) for n in names}) != len(names):
-        raise WhisperaneError("two models would have the same id")
+    model_ids(names)  # an error where two names have one id
     ingress = serve.ingress()(WhisperaneReplica)
     return serve.deployment(ingress, name="WhisperaneServer", num_replicas=replicas,
                             ray_actor_options={"num_cpus": config.workers * threads},

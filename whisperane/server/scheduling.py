@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import WhisperaneError
 from ..loading import open_model
 from ..runtime.sessions import Around, IdleWeights, Reopen, Wrap
 from ..transcribe import Whisper
-from .models import FIRST_MODEL_ID, model_id
+from .models import model_ids
 
 if TYPE_CHECKING:  # imported for annotations only
     from ..runtime.executors import Component
@@ -48,15 +47,9 @@ class Schedule:
         self._running = 0
 
     def load_models(self, names: list[str]) -> dict[str, WhisperaneModel]:
-        """The models by id (``server.models.model_id``), each loaded with its components wrapped for this
+        """The models by id (``server.models.model_ids``), each loaded with its components wrapped for this
         schedule."""
-        models: dict[str, WhisperaneModel] = {}
-        for name in names:
-            key = model_id(name)
-            if key in models or key == FIRST_MODEL_ID:
-                raise WhisperaneError(f"two models would have the id '{key}'")
-            models[key] = self.load_model(name)
-        return models
+        return {key: self.load_model(name) for key, name in model_ids(names).items()}
 
     def load_model(self, name_or_path) -> Whisper:
         return open_model(name_or_path, threads=self.threads, encoder_threads=self.encoder_threads,

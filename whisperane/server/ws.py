@@ -26,7 +26,7 @@ from .. import WhisperaneError
 from ..audio import SAMPLE_RATE
 from ..live import LiveTranscriber
 from .deadlines import shutting_down, within
-from .openai_api import ApiError, loaded_model_id
+from .openai_api import ApiError, served_model_id
 from .workers import Cancelled, Slot
 
 SUBPROTOCOL = "whisperane"
@@ -80,14 +80,14 @@ class Frames:
         return samples
 
 
-def _stream_options(websocket: WebSocket, server) -> tuple[object, dict]:
+def _stream_options(websocket: WebSocket, server) -> tuple[str, dict]:
     params = websocket.query_params
     for name in params:
         if name not in LIVE_OPTIONS:
             raise ApiError(400, f"unknown option '{name}'", param=name, code="unknown_parameter")
-    model_id = loaded_model_id(params.get("model"), list(server.models))
+    model_id = served_model_id(params.get("model"), list(server.models))
     options = {"language": params["language"]} if params.get("language") else {}
-    return server.model(model_id), options
+    return model_id, options
 
 
 def _end_message(text: str) -> None:
@@ -118,11 +118,15 @@ class LiveSession:
     async def serve(cls, websocket: WebSocket, server) -> None:
         subprotocol = SUBPROTOCOL if SUBPROTOCOL in websocket.scope.get("subprotocols", []) else None
         await websocket.accept(subprotocol=subprotocol)
+        lease = None
         try:
-            model, options = _stream_options(websocket, server)
-            transcriber = LiveTranscriber(model, **options)
+            model_id, options = _stream_options(websocket, server)
+            lease = await server.models.lease(model_id)  # held for the stream's life: never unloaded under it
+            transcriber = LiveTranscriber(lease.model, **options)
             slot = server.reserve()
         except (ApiError, WhisperaneError, TypeError) as e:  # a bad option (OptionsError), busy, stopping
+            if lease is not None:
+                lease.release()
             error = e if isinstance(e, ApiError) else ApiError(400, str(e), code="invalid_option")
             code = WS_TRY_AGAIN_LATER if error.status == 503 else WS_POLICY_VIOLATION
             return await cls._close(websocket, code, error)
@@ -133,6 +137,7 @@ class LiveSession:
                 await session.run()
         finally:
             server.live.discard(session)
+            lease.release()
 
     def finish_now(self) -> None:
         """The server is stopping: no more audio is taken; what arrived is finished and sent."""
