@@ -19,6 +19,8 @@ AUDIO_ENCODER = "AudioEncoder"
 TEXT_DECODER = "TextDecoder"
 TEXT_DECODER_SEQUENCE = "TextDecoderSequence"
 TEXT_DECODER_PREFILL = "TextDecoderContextPrefill"
+# the components an ONNX conversion exports (a step each in its progress)
+ONNX_COMPONENTS = (MEL_SPECTROGRAM, AUDIO_ENCODER, TEXT_DECODER, TEXT_DECODER_SEQUENCE, TEXT_DECODER_PREFILL)
 
 # MelSpectrogram
 AUDIO = "audio"

@@ -59,14 +59,15 @@ def resolve_bundle(name_or_path: str | os.PathLike, convert_missing: bool = True
     if not convert_missing:
         raise ModelError(f"no bundle for {name_or_path!r} in {candidate.parent}; build it with: whisperane convert {name_or_path}")
     try:
+        from .convert.command import conversion_report
         from .convert.pipeline import convert
     except ImportError as e:
         raise ModelError(
             f"model {name_or_path!r} is not converted yet and the build side is not installed ({e.name} missing); "
             "install with: pip install torch==2.13.0 'whisperane[convert]'"
         ) from None
-    return convert(str(name_or_path), progress=_stderr_progress)
-
-
-def _stderr_progress(msg: str) -> None:
-    print(f"whisperane: {msg}", file=sys.stderr, flush=True)
+    report = conversion_report(sys.stderr.isatty())  # a bar on a terminal, else a line per step
+    try:
+        return convert(str(name_or_path), progress=report)
+    finally:
+        report.close()

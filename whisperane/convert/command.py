@@ -39,6 +39,40 @@ class StepProgress:
     def __call__(self, message: str) -> None:
         print(f"whisperane: [{self.elapsed():6.1f}s] {message}", file=self.stream, flush=True)
 
+    def close(self) -> None:
+        """Nothing to close: each line is complete as printed."""
+
+
+class StepBar(StepProgress):
+    """The conversion's steps as a tqdm bar on stderr (for a terminal), the step under way as its description."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        super().__init__()
+        self.bar = tqdm(total=total, unit="step", file=self.stream, dynamic_ncols=True)
+
+    def __call__(self, message: str) -> None:
+        self.bar.set_description_str(message if len(message) < 48 else "..." + message[-45:])
+        if message.endswith("is up to date") or message.startswith("wrote "):
+            self.bar.update(self.bar.total - self.bar.n)
+        else:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def conversion_report(bar: bool) -> StepProgress:
+    """What a model conversion reports its steps through: a bar (on a terminal), else a line per step."""
+    if not bar:
+        return StepProgress()
+    from ..contract import ONNX_COMPONENTS
+    from .pipeline import INT8_COMPONENTS
+
+    # building, the prefill table, each component exported and each int8 variant, written
+    return StepBar(2 + len(ONNX_COMPONENTS) + len(INT8_COMPONENTS) + 1)
+
 
 def _formats(text: str) -> tuple[str, ...]:
     formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
@@ -104,7 +138,7 @@ def add_convert_parser(subparsers) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     """Run the conversion described by ``args``; print the bundle path on stdout. Returns the exit code."""
-    progress = StepProgress()
+    progress = conversion_report(sys.stderr.isatty() and args.source != SPEAKER_SOURCE)
     try:
         try:
             from .pipeline import convert
@@ -140,6 +174,8 @@ def run_convert(args: argparse.Namespace) -> int:
         message = " ".join(f"{where}{err.strerror or err}".split())
         print(f"whisperane: error: {message}", file=sys.stderr, flush=True)
         return EXIT_ERROR
+    finally:
+        progress.close()
     print(f"whisperane: [{progress.elapsed():6.1f}s] done", file=sys.stderr, flush=True)
     print(bundle, flush=True)
     return EXIT_OK

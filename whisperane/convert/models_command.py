@@ -16,14 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..console import print_error, print_note
-from ..contract import (
-    AUDIO_ENCODER,
-    CONFIG_NAME,
-    MEL_SPECTROGRAM,
-    TEXT_DECODER,
-    TEXT_DECODER_PREFILL,
-    TEXT_DECODER_SEQUENCE,
-)
+from ..contract import CONFIG_NAME
 from ..errors import WhisperaneError
 from ..runtime.bundle import bundle_name, default_models_dir
 from ..util import default_cache_dir
@@ -34,8 +27,6 @@ PARAMETERS_M = {"tiny": 39, "base": 74, "small": 244, "medium": 769, "large": 15
                 "large-v2": 1550, "large-v3": 1550, "large-v3-turbo": 809, "turbo": 809, "distil-small": 166,
                 "distil-medium": 394, "distil-large-v2": 756, "distil-large-v3": 756, "distil-large-v3.5": 756}
 ENGLISH_ONLY_FAMILIES = ("distil-large-v2", "distil-large-v3", "distil-large-v3.5")  # trained on English alone
-# the components an ONNX conversion exports, one step each (and one per int8 variant): the bar's length
-ONNX_COMPONENTS = (MEL_SPECTROGRAM, AUDIO_ENCODER, TEXT_DECODER, TEXT_DECODER_SEQUENCE, TEXT_DECODER_PREFILL)
 
 
 def add_models_parser(subparsers) -> None:
@@ -143,44 +134,20 @@ def unknown_name(name: str) -> WhisperaneError:
 def pull_model(source: str, progress: str) -> int:
     """Convert ``source`` into the models directory now (a no-op when it is up to date); the bundle's path on
     stdout."""
-    from .command import StepProgress
+    from .command import conversion_report
 
     try:
-        from .pipeline import INT8_COMPONENTS, convert
+        from .pipeline import convert
     except ImportError as err:
         raise WhisperaneError(f"whisperane models pull converts, which needs the build dependencies ({err}); "
                               "install them with: pip install 'whisperane[convert]'") from None
-    if progress == "bar" or (progress == "auto" and sys.stderr.isatty()):
-        # building, the prefill table, each component exported and each int8 variant, written
-        report = StepBar(2 + len(ONNX_COMPONENTS) + len(INT8_COMPONENTS) + 1)
-    else:
-        report = StepProgress()
+    report = conversion_report(progress == "bar" or (progress == "auto" and sys.stderr.isatty()))
     try:
         bundle = convert(source, out_dir=default_models_dir() / bundle_name(source), progress=report)
     finally:
-        if isinstance(report, StepBar):
-            report.close()
+        report.close()
     print(bundle, flush=True)
     return 0
-
-
-class StepBar:
-    """The conversion's steps as a tqdm bar on stderr, the step under way as its description."""
-
-    def __init__(self, total: int):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True)
-
-    def __call__(self, message: str) -> None:
-        self.bar.set_description_str(message if len(message) < 48 else "..." + message[-45:])
-        if message.endswith("is up to date") or message.startswith("wrote "):
-            self.bar.update(self.bar.total - self.bar.n)
-        else:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def remove_model(name: str) -> int:
