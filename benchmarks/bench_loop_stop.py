@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runners import free_port, serving
+
 REPO = Path(__file__).resolve().parent.parent
 DEGENERATE_PROMPT = "word " * 224
 
@@ -131,25 +133,14 @@ def _judge(hypotheses, result, tokenizer, options, loop_start, compression_ratio
 
 
 def _serve(root: Path, model: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "whisperane", "serve", "--port", str(port), "--model", str(model),
                              "--max-concurrency", "1"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                             stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
+    if serving(proc, url):
+        return proc, url
     proc.kill()
     raise RuntimeError("the server did not start")
 

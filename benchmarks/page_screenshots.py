@@ -15,16 +15,15 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import soundfile as sf
+from runners import free_port, serving
 
 from whisperane.audio import load_audio
 
@@ -36,12 +35,6 @@ LONG = ["1089-134686-0001.flac", "LJ001-0002.flac", "1089-134691-0001.flac", "LJ
 TALK = ["1089-134691-0001.flac", "LJ001-0002.flac", "1089-134686-0001.flac", "LJ001-0008.flac"]  # two readers
 VIEWPORT = {"width": 1000, "height": 700}
 STATE = "document.getElementById('transcript').dataset.state"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def joined(names: list[str], path: Path) -> Path:
@@ -58,13 +51,8 @@ def serve(models: list[str]) -> tuple[subprocess.Popen, str]:
         args += ["--model", m]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
+    if serving(proc, url):
+        return proc, url
     proc.kill()
     raise SystemExit("whisperane serve did not start")
 

@@ -21,6 +21,29 @@ import sys
 import time
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for a server a benchmark starts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serving(proc, url: str, seconds: float = 180.0) -> bool:
+    """Whether the server process ``proc`` answers ``url``/health within ``seconds`` (False once it has exited)."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return False
+
+
 def run_faster_whisper(args: argparse.Namespace) -> int:
     from faster_whisper import WhisperModel
 
