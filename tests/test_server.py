@@ -406,6 +406,31 @@ def test_websocket_events_equal_the_engines_for_the_same_feeds(url, models):
         assert [(e["type"], e["text"]) for e in map(json.loads, ws)] == expected
 
 
+def test_websocket_takes_the_engines_prompt_options(url, models):
+    """prompt (the initial prompt), carry_initial_prompt and hotwords reach the live engine: its events are the
+    engine's with the same options; a bad flag closes the session (1008) with its error."""
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.sync.client import connect
+
+    pcm = b"".join(_pcm_chunks(ENGLISH[1]))
+    options = {"initial_prompt": "Glossary: belly, counselled.", "carry_initial_prompt": True, "hotwords": "Stuff"}
+    engine = whisperane.LiveTranscriber(models["tiny.en"], **options)
+    samples = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+    expected = [(e.type, e.text) for e in engine.feed(samples) + engine.finish()]
+    query = "prompt=Glossary%3A%20belly%2C%20counselled.&carry_initial_prompt=true&hotwords=Stuff"
+    with connect(url.replace("http", "ws") + "/v1/audio/live?" + query) as ws:
+        ws.send(pcm)
+        ws.send(json.dumps({"type": "end"}))
+        assert [(e["type"], e["text"]) for e in map(json.loads, ws)] == expected
+    messages = []
+    with connect(url.replace("http", "ws") + "/v1/audio/live?carry_initial_prompt=maybe") as ws:
+        with pytest.raises(ConnectionClosedError) as closed:
+            for message in ws:
+                messages.append(json.loads(message))
+    assert closed.value.rcvd.code == 1008 and "carry_initial_prompt" in closed.value.rcvd.reason
+    assert messages[-1]["error"]["param"] == "carry_initial_prompt"
+
+
 def _words(text: str) -> list[str]:
     return [w.strip(".,!?").lower() for w in text.split()]
 

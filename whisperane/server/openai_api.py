@@ -260,7 +260,8 @@ class RequestOptions:
     transcribe: TranscribeOptions = field(default_factory=TranscribeOptions)
 
 
-def _flag(name: str, value: str) -> bool:
+def form_flag(name: str, value: str) -> bool:
+    """A true/false form field or query parameter; 400 for any other value."""
     if value.lower() in ("true", "1", "yes"):
         return True
     if value.lower() in ("false", "0", "no"):
@@ -317,7 +318,7 @@ def request_options(upload: Upload, task: str, model_ids: Sequence[str]) -> Requ
             kwargs["temperature"] = (t,)
     for name, kind in EXTRA_OPTIONS.items():
         if (value := upload.value(name)) is not None:
-            kwargs[name] = _flag(name, value) if kind is bool else value if kind is str else _number(name, value, kind)
+            kwargs[name] = form_flag(name, value) if kind is bool else value if kind is str else _number(name, value, kind)
             if name in UPPER_BOUNDS and kwargs[name] > UPPER_BOUNDS[name]:
                 raise ApiError(400, f"{name} may be at most {UPPER_BOUNDS[name]} on this server", param=name,
                                code="invalid_option")
@@ -325,7 +326,7 @@ def request_options(upload: Upload, task: str, model_ids: Sequence[str]) -> Requ
         raise ApiError(400, "word timestamps were asked for with word_timestamps=false", param="word_timestamps")
     if "known_speaker_names[]" in upload.fields or "known_speaker_references[]" in upload.fields:
         kwargs["known_speakers"] = known_speakers(upload)
-    stream = _flag("stream", upload.value("stream") or "false")
+    stream = form_flag("stream", upload.value("stream") or "false")
     if response_format == "diarized_json":  # OpenAI's speaker segments: diarize implied
         kwargs["diarize"] = kwargs.get("diarize", True)
     if stream and kwargs.get("diarize"):

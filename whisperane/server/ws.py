@@ -26,11 +26,12 @@ from .. import WhisperaneError
 from ..audio import SAMPLE_RATE
 from ..live import LiveTranscriber
 from .deadlines import shutting_down, within
-from .openai_api import ApiError, served_model_id
+from .openai_api import ApiError, form_flag, served_model_id
 from .workers import Cancelled, Slot
 
 SUBPROTOCOL = "whisperane"
-LIVE_OPTIONS = ("model", "language")
+# query parameters: the model, and the engine's options (``prompt``, OpenAI's name: the initial prompt)
+LIVE_OPTIONS = ("model", "language", "prompt", "carry_initial_prompt", "hotwords")
 BYTES_PER_SECOND = 2 * SAMPLE_RATE  # s16le mono
 # Close codes (RFC 6455): what each means to a client is in docs/GUIDE.md.
 WS_DONE, WS_GOING_AWAY, WS_UNSUPPORTED_DATA = 1000, 1001, 1003
@@ -86,7 +87,10 @@ def _stream_options(websocket: WebSocket, server) -> tuple[str, dict]:
         if name not in LIVE_OPTIONS:
             raise ApiError(400, f"unknown option '{name}'", param=name, code="unknown_parameter")
     model_id = served_model_id(params.get("model"), list(server.models))
-    options = {"language": params["language"]} if params.get("language") else {}
+    options = {name: params[key] for key, name in (("language", "language"), ("prompt", "initial_prompt"),
+                                                    ("hotwords", "hotwords")) if params.get(key)}
+    if "carry_initial_prompt" in params:
+        options["carry_initial_prompt"] = form_flag("carry_initial_prompt", params["carry_initial_prompt"])
     return model_id, options
 
 
