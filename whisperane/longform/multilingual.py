@@ -77,7 +77,7 @@ def multilingual_windows(model: WhisperaneModel, open_stream: Callable[[], Audio
         done += run.span.n_samples
         segments.extend(kept)
         yield WindowDone(tuple(kept), done / total * duration, duration)
-    spoken = Counter({run.language: 0 for run in runs})
+    spoken: Counter[str] = Counter()
     for run in runs:
         spoken[run.language] += sum(r.n_samples for r in run.regions)
     language = spoken.most_common(1)[0][0]

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .. import WhisperaneError
 from ..audio import SAMPLE_RATE
+from ..audio_decode import pcm_to_float
 from ..live import LiveTranscriber
 from .deadlines import shutting_down, within
 from .openai_api import ApiError, form_flag, served_model_id
@@ -75,7 +76,7 @@ class Frames:
     def take(self) -> np.ndarray:
         """All whole samples received so far, as float32 in [-1, 1) (a half sample left at the end is dropped)."""
         n = len(self.pending) // 2 * 2
-        samples = np.frombuffer(bytes(self.pending[:n]), dtype="<i2").astype(np.float32) / 32768.0
+        samples = pcm_to_float(np.frombuffer(bytes(self.pending[:n]), dtype="<i2"))
         del self.pending[:n]
         self.arrived.clear()
         return samples
