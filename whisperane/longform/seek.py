@@ -5,9 +5,11 @@ memory does not grow with its length."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, AudioStream
 from ..decoding import DecodingResult
@@ -92,6 +94,7 @@ class SeekLoop:
         self.stream, self.options = stream, options
         self.language = language or LanguageChoice(model, options.language, options.task)
         self._step = WindowStep(model, options, self.language, guard)
+        self._guard = guard
         self._file_peak = file_peak
         # Total length: exact for arrays and wav/flac; from the header for mp3 (refined as the stream is read).
         content_frames = int(stream.n_samples // HOP_LENGTH)
@@ -193,16 +196,32 @@ class SeekLoop:
                     p.seek = self._clips[p.clip][0]
                 continue
             size = min(N_FRAMES, p.content_frames - p.seek, clip_end - p.seek)
+            heard = self._voice_heard(p.seek, size) if self.ends_in_a_tail() else None
             if p.window_end is not None and p.window_end > p.seek:
                 size = min(size, p.window_end - p.seek)
             p.window_end = None
             window = first if first is not None and p.seek == 0 and size == first.size else None
             window = window or Window(p.seek, size, *read_window(self._step.model, self.stream, p.seek, size,
-                                                                 self._file_peak, encode))
+                                                                 self._file_peak, encode, heard))
             if self.stream.exhausted:
                 p.content_frames = int(self.stream.n_samples // HOP_LENGTH)
             return window
         return None
+
+    def _voice_heard(self, seek: int, size: int) -> Callable[[np.ndarray], bool] | None:
+        """Where words are checked against voice, whether the VAD hears voice in the samples of the stream's last
+        window (at ``seek``, ``size`` frames): a tail without voice is passed over as silence, not encoded and
+        decoded (openai's loop decodes the fraction of a second after a last word, even two frames of it, and
+        what it writes there the guard drops as words without voice; a prompt that leads the decoding astray
+        made every temperature of it fail)."""
+        if self._guard is None or not self._guard.check_words:
+            return None
+
+        def heard(samples: np.ndarray) -> bool:
+            last = self.stream.exhausted and seek + size >= self.stream.n_samples // HOP_LENGTH
+            return not last or self._guard.hears_voice(Window(seek, size, None, samples))
+
+        return heard
 
     def _refine_length(self) -> None:
         """The stream refines its length as it reads (mp3 headers can be approximate): exact once it is read."""

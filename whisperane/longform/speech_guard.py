@@ -391,6 +391,10 @@ class SpeechGuard:
         kept = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
         return GuardVerdict(kept, resume, decode_alone=alone or not prompted)
 
+    def hears_voice(self, w: Window) -> bool:
+        """Whether the VAD hears voice (MIN_VOICE_FRAMES or more) anywhere in window ``w``'s audio."""
+        return self.voice.voice(w, 0, w.held_frames).frames >= MIN_VOICE_FRAMES
+
     def instants_onto_voice(self, w: Window, segments: list[dict]) -> None:
         """The rule ``instants_onto_voice`` on a window's segments."""
         instants_onto_voice(w, segments, self.voice)

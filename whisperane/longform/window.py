@@ -3,7 +3,7 @@ the clips of ``clip_timestamps`` in mel frames."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,14 +16,15 @@ SILENCE_PEAK = 1e-4  # -80 dBFS: below any recorded speech; such a window holds 
 
 
 def read_window(model: WhisperaneModel, stream: AudioStream, seek: int, n_frames: int, file_peak: float | None,
-                 encode: bool = True) -> tuple[CrossAttention | None, np.ndarray, np.ndarray | None]:
+                 encode: bool = True, heard: Callable[[np.ndarray], bool] | None = None,
+                 ) -> tuple[CrossAttention | None, np.ndarray, np.ndarray | None]:
     """The window at ``seek``: its encoding (or, without ``encode``, its log-mel for a batch encoded together),
     its samples. Neither for digital silence, where Whisper is known to invent " you" (with a no-speech
-    probability that the log-probability rule overrides)."""
+    probability that the log-probability rule overrides), nor for samples in which ``heard`` hears no voice."""
     start = seek * HOP_LENGTH
     samples = stream.read(start, min(n_frames * HOP_LENGTH, N_SAMPLES))
     peak = float(np.abs(samples).max()) if len(samples) else 0.0
-    if peak < SILENCE_PEAK:
+    if peak < SILENCE_PEAK or (heard is not None and not heard(samples)):
         return None, samples, None
     mel = model.log_mel(samples, file_peak)
     return (model.encode(mel), samples, None) if encode else (None, samples, mel)
