@@ -13,13 +13,17 @@ from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RAT
 from whisperane.longform import speech_guard as guard
 from whisperane.longform.voice import VoiceRegions
 from whisperane.longform.window import Window
+from whisperane.result import Segment, Word
 
 GUARD = guard.GUARD_MIN_SPEECH_FRAMES
 
 
-def _segment(start: float, end: float, words: list[tuple[float, float]] | None = None, text: str = " text") -> dict:
-    return {"start": start, "end": end, "text": text,
-            "words": [{"word": " w", "start": a, "end": b} for a, b in words or [(start, end)]]}
+def _segment(start: float, end: float, words: list[tuple[float, float]] | None = None, text: str = " text",
+             spelled: tuple[str, ...] | None = None) -> Segment:
+    spans = words if words is not None else [(start, end)]
+    return Segment(id=0, seek=0, start=start, end=end, text=text, tokens=(), temperature=0.0, avg_logprob=-0.2,
+                   compression_ratio=1.0, no_speech_prob=0.0,
+                   words=tuple(Word(x, a, b, 0.9) for x, (a, b) in zip(spelled or [" w"] * len(spans), spans, strict=True)))
 
 
 def _window(seek: int) -> Window:
@@ -85,14 +89,14 @@ def test_once_per_window_and_not_without_a_voice_check():
 
 
 def test_a_segment_without_word_timestamps_covers_its_span():
-    segments = [{"start": 0.0, "end": 20.0, "text": " text", "words": []}]
+    segments = [_segment(0.0, 20.0, words=[])]
     assert _resume(segments, 2000, [(0.0, 20.0)]) is None
 
 
 def _instants(segments, voiced_seconds, window_seek=0):
     frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
-    guard.instants_onto_voice(_window(window_seek), segments, VoiceRegions(frames))
-    return [(s["start"], s["end"], [(w["start"], w["end"]) for w in s["words"]]) for s in segments]
+    placed = guard.instants_onto_voice(_window(window_seek), segments, VoiceRegions(frames))
+    return [(s.start, s.end, [(w.start, w.end) for w in s.words]) for s in placed]
 
 
 def test_a_segment_dtw_puts_at_an_instant_takes_the_unheard_voice_between_its_neighbours():
@@ -105,8 +109,7 @@ def test_a_segment_dtw_puts_at_an_instant_takes_the_unheard_voice_between_its_ne
     got = _instants([surpassed, one, sonnet], voiced, window)
     assert got[1] == (126.38, 126.77, [(126.38, 126.77)])
     assert got[0] == (123.7, 125.38, [(123.7, 125.38)]) and got[2] == (128.7, 131.36, [(128.7, 131.36)])
-    two = {"start": 1.0, "end": 1.0, "text": " One two", "words": [{"word": " One", "start": 1.0, "end": 1.0},
-                                                                    {"word": " three", "start": 1.0, "end": 1.0}]}
+    two = _segment(1.0, 1.0, [(1.0, 1.0), (1.0, 1.0)], text=" One two", spelled=(" One", " three"))
     assert _instants([two], [(0.2, 1.0)])[0][2] == [(0.2, 0.5), (0.5, 1.0)]
 
 

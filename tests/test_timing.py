@@ -26,6 +26,7 @@ from whisperane.longform.hallucinations import (
 )
 from whisperane.longform.step import get_end
 from whisperane.longform.words import add_word_timestamps, median, segment_text_tokens
+from whisperane.result import Segment, Word
 from whisperane.runtime.decoder_adapters import text_token_probabilities
 from whisperane.timing import (
     APPEND_PUNCTUATIONS,
@@ -698,25 +699,26 @@ def _compare_with_faster_whisper(alignment, segments, offset, last_speech) -> No
 # --------------------------------------------------------------------------- hallucination helpers
 
 
-def test_hallucination_helpers():
-    assert word_anomaly_score({"word": " a", "start": 0.0, "end": 0.5, "probability": 0.9}) == 0.0
-    assert word_anomaly_score({"word": " a", "start": 0.0, "end": 0.5, "probability": 0.1}) == 1.0
-    assert word_anomaly_score(
-        {"word": " a", "start": 0.0, "end": 0.033, "probability": 0.9}
-    ) == pytest.approx(1.5)
-    assert word_anomaly_score({"word": " a", "start": 0.0, "end": 3.5, "probability": 0.9}) == pytest.approx(
-        1.5
-    )
+def _words_segment(end: float, words: list[Word]) -> Segment:
+    return Segment(id=0, seek=0, start=0.0, end=end, text=" hi", tokens=(), temperature=0.0, avg_logprob=0.0,
+                   compression_ratio=1.0, no_speech_prob=0.0, words=tuple(words))
 
-    good = {"words": [{"word": " hi", "start": 0.0, "end": 0.4, "probability": 0.9}] * 3}
-    bad = {"words": [{"word": " hi", "start": 0.0, "end": 0.4, "probability": 0.05}]}
-    only_punct = {"words": [{"word": ".", "start": 0.0, "end": 0.0, "probability": 0.01}]}
+
+def test_hallucination_helpers():
+    assert word_anomaly_score(Word(" a", 0.0, 0.5, 0.9)) == 0.0
+    assert word_anomaly_score(Word(" a", 0.0, 0.5, 0.1)) == 1.0
+    assert word_anomaly_score(Word(" a", 0.0, 0.033, 0.9)) == pytest.approx(1.5)
+    assert word_anomaly_score(Word(" a", 0.0, 3.5, 0.9)) == pytest.approx(1.5)
+
+    good = _words_segment(0.4, [Word(" hi", 0.0, 0.4, 0.9)] * 3)
+    bad = _words_segment(0.4, [Word(" hi", 0.0, 0.4, 0.05)])
+    only_punct = _words_segment(0.0, [Word(".", 0.0, 0.0, 0.01)])
     assert not is_segment_anomaly(good) and is_segment_anomaly(bad)
-    assert not is_segment_anomaly(None) and not is_segment_anomaly({"words": []})
+    assert not is_segment_anomaly(None) and not is_segment_anomaly(_words_segment(0.0, []))
     assert is_segment_anomaly(only_punct)  # openai: score 0 + 0.01 >= 0 words
 
-    segments = [{"end": 5.0, "words": good["words"]}, {"end": 9.0, "words": []}]
+    segments = [_words_segment(5.0, list(good.words)), _words_segment(9.0, [])]
     assert next_words_segment(segments[::-1]) is segments[0]
     assert get_end(segments) == 0.4
-    assert get_end([{"end": 9.0, "words": []}]) == 9.0
+    assert get_end([_words_segment(9.0, [])]) == 9.0
     assert get_end([]) is None

@@ -14,13 +14,15 @@ from whisperane.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RAT
 from whisperane.longform import speech_guard as voiced
 from whisperane.longform.voice import VoiceRegions
 from whisperane.longform.window import Window
+from whisperane.result import Segment, Word
 
 WINDOW = Window(0, N_FRAMES, None, np.zeros(N_FRAMES * HOP_LENGTH, np.float32))
 
 
-def _segment(words: list[tuple[str, float, float]], probability: float = 0.9) -> dict:
-    ws = [{"word": w, "start": a, "end": b, "probability": probability} for w, a, b in words]
-    return {"start": ws[0]["start"], "end": ws[-1]["end"], "text": "".join(w for w, _, _ in words), "words": ws}
+def _segment(words: list[tuple[str, float, float]], probability: float = 0.9) -> Segment:
+    ws = tuple(Word(w, a, b, probability) for w, a, b in words)
+    return Segment(id=0, seek=0, start=ws[0].start, end=ws[-1].end, text="".join(w for w, _, _ in words), tokens=(),
+                   temperature=0.0, avg_logprob=-0.2, compression_ratio=1.0, no_speech_prob=0.0, words=ws)
 
 
 def _check(segments, voiced_seconds, may_resume=True):
@@ -69,18 +71,19 @@ def test_words_dtw_put_away_from_the_voice_move_onto_its_edge():
     stretched over its voice (too little to hold another word: no decoding again)."""
     segment = _segment([(" in", 1.0, 1.3), (" the", 1.3, 2.6), (" exhibition,", 3.4, 3.4)])
     kept, resume = _check([segment], voiced_seconds=[(1.0, 2.0)])
-    assert resume is None and kept == [segment]
+    assert resume is None and [s.text for s in kept] == [segment.text]
     # the words after the last heard one share its span, to the voice's end
-    assert [(x["start"], x["end"]) for x in segment["words"]] == [(1.0, 1.3), (1.3, 1.45), (1.45, 2.0)]
+    assert [(x.start, x.end) for x in kept[0].words] == [(1.0, 1.3), (1.3, 1.45), (1.45, 2.0)]
+    assert segment.words[-1].start == 3.4  # the decoded segment itself stays as it was
     early = _segment([(" So", 0.2, 0.2), (" he", 1.0, 1.2), (" went", 1.2, 3.0)])
     kept, resume = _check([early], voiced_seconds=[(1.0, 2.2)], may_resume=False)
-    assert resume is None and [(x["start"], x["end"]) for x in early["words"]][0] == (1.0, 1.0)
+    assert resume is None and [(x.start, x.end) for x in kept[0].words][0] == (1.0, 1.0)
 
 
 def _edges(segments, voiced_seconds):
     frames = [(round(a * FRAMES_PER_SECOND), round(b * FRAMES_PER_SECOND)) for a, b in voiced_seconds]
-    voiced.edges_onto_voice(VoiceRegions(frames), WINDOW, segments)
-    return [[(x["start"], x["end"]) for x in s["words"]] for s in segments]
+    placed = voiced.edges_onto_voice(VoiceRegions(frames), WINDOW, segments)
+    return [[(x.start, x.end) for x in s.words] for s in placed]
 
 
 def test_edges_at_a_pause_move_onto_the_voice():

@@ -1,7 +1,8 @@
 """The speech guard (the ``speech_guard`` option): no speech dropped, and no words where nobody speaks, judged by
 the voice Silero VAD hears (``voice``). Every rule it applies and every constant it tunes is here; the window step
-(``step``) calls ``SpeechGuard.apply`` for what to keep and where to decode again, and its two word-time rules
-(``instants_onto_voice``, ``edges_onto_voice``).
+(``step``) calls ``SpeechGuard.apply`` for what to keep and where to decode again, and the word-time stages
+(``word_times``) its two rules that move words (``instants_onto_voice`` before the verdict, ``edges_onto_voice``
+after it). Each rule takes typed segments (``result.Segment``) and returns new ones.
 
 - **Voice without words** (every mode): a window whose decoding leaves GUARD_MIN_SPEECH_FRAMES of voice without
   words (it stopped early on a timestamp, or jumped over speech) is decoded again from before that voice, without
@@ -24,12 +25,13 @@ the voice Silero VAD hears (``voice``). Every rule it applies and every constant
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 
 from ..audio import FRAMES_PER_SECOND, HOP_LENGTH
+from ..result import Segment, Word
 from ..timing import is_punctuation_only
 from .hallucinations import is_segment_anomaly
 from .voice import VoiceCheck, VoiceOnDemand, VoiceRegions
@@ -94,29 +96,28 @@ class Resume(NamedTuple):
     unheard_end: int
 
 
-def heard_frames(segments: list[dict], window_seek: int) -> list[tuple[int, int]]:
+def heard_frames(segments: Sequence[Segment], window_seek: int) -> list[tuple[int, int]]:
     """The frames (from the window's start) that words cover; a segment's own span without word timestamps."""
     spans = []
     for s in segments:
-        if s["text"].strip():
-            for x in s["words"] if s.get("words") else [s]:
-                start, end = (round(x[k] * FRAMES_PER_SECOND) - window_seek for k in ("start", "end"))
-                spans.append((start, end))
+        if s.text.strip():
+            for x in s.words or [s]:
+                spans.append((round(x.start * FRAMES_PER_SECOND) - window_seek, round(x.end * FRAMES_PER_SECOND) - window_seek))
     return spans
 
 
-def resume_before(w: Window, segments: list[dict], gap_start: int, gap_end: int, onset: int) -> Resume:
+def resume_before(w: Window, segments: Sequence[Segment], gap_start: int, gap_end: int, onset: int) -> Resume:
     """Where to decode again for voice without words in ``[gap_start, gap_end)`` (window frames) whose first
     voiced frame is ``onset``: after the last segment that ends before the gap (the window's start if none), or
     GUARD_LEAD_IN_FRAMES before the voice where that is later; never past the start of a segment that is
     dropped to be decoded again."""
-    ends = [round(s["end"] * FRAMES_PER_SECOND) for s in segments]
+    ends = [round(s.end * FRAMES_PER_SECOND) for s in segments]
     frame = max([w.seek, *(e for e in ends if e <= w.seek + gap_start)])
-    dropped = [round(s["start"] * FRAMES_PER_SECOND) for s, e in zip(segments, ends, strict=True) if e > frame]
+    dropped = [round(s.start * FRAMES_PER_SECOND) for s, e in zip(segments, ends, strict=True) if e > frame]
     return Resume(max(frame, min([w.seek + onset, *dropped]) - GUARD_LEAD_IN_FRAMES), w.seek + gap_end)
 
 
-def resume_point(check: VoiceCheck | None, may_resume: bool, w: Window, segments: list[dict],
+def resume_point(check: VoiceCheck | None, may_resume: bool, w: Window, segments: Sequence[Segment],
                  seek: int, tail_min_frames: int = GUARD_MIN_SPEECH_FRAMES) -> Resume | None:
     """The speech guard: where to decode again (without the prompt) when GUARD_MIN_SPEECH_FRAMES of voiced
     audio between the window's start and the next seek produced no word (openai's rule would skip it: a
@@ -139,35 +140,35 @@ def resume_point(check: VoiceCheck | None, may_resume: bool, w: Window, segments
     return None
 
 
-def max_word_duration(segments: list[dict]) -> float:
+def max_word_duration(segments: Sequence[Segment]) -> float:
     """openai's max_duration over the window's words (words at an instant counted too)."""
-    return duration_limits(np.array([x["end"] - x["start"] for s in segments for x in s.get("words") or []]))[1]
+    return duration_limits(np.array([x.end - x.start for s in segments for x in s.words or ()]))[1]
 
 
-def is_suspect(segment: dict, max_duration: float) -> bool:
+def is_suspect(segment: Segment, max_duration: float) -> bool:
     """Word times that look wrong, or no words but punctuation (what the decoder writes into noise)."""
-    words = segment.get("words") or []
+    words = segment.words or ()
     stretched = max(STRETCHED_MIN_S, max_duration)
-    return (not words or is_segment_anomaly(segment) or any(x["end"] - x["start"] > stretched for x in words)
-            or all(is_punctuation_only(x["word"]) for x in words))
+    return (not words or is_segment_anomaly(segment) or any(x.end - x.start > stretched for x in words)
+            or all(is_punctuation_only(x.word) for x in words))
 
 
 def _heard(runs: list[tuple[int, int]], a: int, b: int) -> bool:
     return any(r0 < b + NEAR_VOICE_FRAMES and r1 > a - NEAR_VOICE_FRAMES for r0, r1 in runs)
 
 
-def _unheard_voice(runs: list[tuple[int, int]], w: Window, word: dict, max_duration: float) -> int:
+def _unheard_voice(runs: list[tuple[int, int]], w: Window, word: Word, max_duration: float) -> int:
     """Voiced frames inside a stretched ``word`` beyond what one word holds (``max_duration``; 0 for a word not
     stretched). Counted over the whole word: DTW stretches a word's start back over a pause as often as its end."""
-    if word["end"] - word["start"] <= max(STRETCHED_MIN_S, max_duration):
+    if word.end - word.start <= max(STRETCHED_MIN_S, max_duration):
         return 0
-    a, b = w.frame(word["start"]), w.frame(word["end"])
+    a, b = w.frame(word.start), w.frame(word.end)
     voiced = sum(max(0, min(b, r1) - max(a, r0)) for r0, r1 in runs)
     return max(0, voiced - round(max_duration * FRAMES_PER_SECOND))
 
 
-def check_segments(check: VoiceCheck, w: Window, segments: list[dict],
-                   may_resume: bool) -> tuple[list[dict], Resume | None]:
+def check_segments(check: VoiceCheck, w: Window, segments: Sequence[Segment],
+                   may_resume: bool) -> tuple[list[Segment], Resume | None]:
     """The window's segments kept (voiceless ones dropped, words away from the voice moved onto it) and where to
     decode again (None: nowhere; never where ``may_resume`` is false)."""
     max_duration = max_word_duration(segments)
@@ -176,48 +177,47 @@ def check_segments(check: VoiceCheck, w: Window, segments: list[dict],
         if not is_suspect(s, max_duration):
             kept.append(s)
             continue
-        words = s.get("words") or []
-        start, end = (words[0]["start"], words[-1]["end"]) if words else (s["start"], s["end"])
+        words = s.words or ()
+        start, end = (words[0].start, words[-1].end) if words else (s.start, s.end)
         runs = check.runs(w, w.frame(start) - NEAR_VOICE_FRAMES, w.frame(end) + NEAR_VOICE_FRAMES)
         if sum(b - a for a, b in runs) < MIN_VOICE_FRAMES:
             continue  # written into silence or noise
         if not words:
             kept.append(s)
             continue
-        at_end = [x for x in words if x["end"] >= w.time_offset + w.duration - WINDOW_END_S]
+        at_end = [x for x in words if x.end >= w.time_offset + w.duration - WINDOW_END_S]
         unheard = sum(_unheard_voice(runs, w, x, max_duration) for x in at_end)
         if may_resume and unheard >= UNHEARD_MIN_FRAMES:
-            start = w.frame(s["start"])
+            start = w.frame(s.start)
             resume = resume_before(w, kept + [s], start, max(start + 1, runs[-1][1]), runs[0][0])
             end = min(w.seek + runs[-1][1] + TAIL_FRAMES, w.seek + w.size)
             return kept, Resume(resume.frame, max(end, resume.frame + GUARD_LEAD_IN_FRAMES))
-        onto_voice(w, s, runs)
-        kept.append(s)
+        kept.append(onto_voice(w, s, runs))
     return kept, None
 
 
-def onto_voice(w: Window, segment: dict, runs: list[tuple[int, int]]) -> None:
-    """Words of a voiced segment that DTW put where no voice comes near (the last words at an instant after the
-    voice, a stretched word before them holding their voice) are moved onto the voice: the words after the last
-    heard word share its span, cut at the voice's end; any other to the nearest edge of the voice. The text is
-    the decoding's, only the time was wrong."""
-    words = segment["words"]
+def onto_voice(w: Window, segment: Segment, runs: list[tuple[int, int]]) -> Segment:
+    """The voiced ``segment`` with its words that DTW put where no voice comes near (the last words at an instant
+    after the voice, a stretched word before them holding their voice) moved onto the voice: the words after the
+    last heard word share its span, cut at the voice's end; any other to the nearest edge of the voice. The text
+    is the decoding's, only the time was wrong."""
+    words = list(segment.words)
     first, last = (round(w.time(f), 2) for f in (runs[0][0], runs[-1][1]))
-    heard = [_heard(runs, w.frame(x["start"]), w.frame(x["end"])) for x in words]
+    heard = [_heard(runs, w.frame(x.start), w.frame(x.end)) for x in words]
     tail = len(words)
     while tail > 0 and not heard[tail - 1]:
         tail -= 1
-    if 0 < tail < len(words) and words[tail - 1]["start"] < last:
-        spread_by_characters(words[tail - 1 :], words[tail - 1]["start"], last)
+    if 0 < tail < len(words) and words[tail - 1].start < last:
+        words[tail - 1 :] = spread_by_characters(words[tail - 1 :], words[tail - 1].start, last)
         heard[tail:] = [True] * (len(words) - tail)
-    for x, is_heard in zip(words, heard, strict=True):
+    for i, (x, is_heard) in enumerate(zip(words, heard, strict=True)):
         if is_heard:
             continue
-        if x["end"] < first:
-            x["start"] = x["end"] = first
+        if x.end < first:
+            words[i] = replace(x, start=first, end=first)
         else:
-            x["start"], x["end"] = min(x["start"], last), last
-    segment["start"], segment["end"] = words[0]["start"], words[-1]["end"]
+            words[i] = replace(x, start=min(x.start, last), end=last)
+    return replace(segment, words=tuple(words), start=words[0].start, end=words[-1].end)
 
 
 def voice_in_silence(check: VoiceCheck, w: Window) -> Resume | None:
@@ -231,42 +231,52 @@ def voice_in_silence(check: VoiceCheck, w: Window) -> Resume | None:
     return Resume(frame, max(end, frame + GUARD_LEAD_IN_FRAMES))
 
 
-def instants_onto_voice(w: Window, segments: list[dict], voice: VoiceCheck) -> None:
-    """A decoded segment whose words DTW put at one instant (start == end) is cleared by openai's loop; where
-    the VAD hears a run of INSTANT_MIN_VOICE_FRAMES or more of voice between the words before and after it (not
-    the voice running on from their edges), its words share the run nearest to the instant (by their characters)
-    and the text is kept (tiny.en, the sonnet after a VAD cut: "1." decoded between "surpassed." and "From", put
-    0.43 s after its 0.39 s of voice, in the pause). One run: an instant that ends a window must not reach over
-    the voice after it, which the next window decodes."""
-    words = [x for s in segments for x in s.get("words") or []]
-    position = {id(x): i for i, x in enumerate(words)}
+def instants_onto_voice(w: Window, segments: Sequence[Segment], voice: VoiceCheck) -> list[Segment]:
+    """The segments, each whose words DTW put at one instant (start == end; openai's loop clears it) spread over
+    the voice the VAD hears nearest to that instant, a run of INSTANT_MIN_VOICE_FRAMES or more between the words
+    before and after it (not the voice running on from their edges), by their characters; its text is kept
+    (tiny.en, the sonnet after a VAD cut: "1." decoded between "surpassed." and "From", put 0.43 s after its 0.39 s
+    of voice, in the pause). One run: an instant that ends a window must not reach over the voice after it, which
+    the next window decodes."""
+    words = [x for s in segments for x in s.words or ()]  # the window's words, instants moved as they are met
+    placed, first = [], 0
     for s in segments:
-        own = s.get("words") or []
-        if not own or s["start"] != s["end"] or not s["text"].strip():
-            continue
-        first, after = position[id(own[0])], position[id(own[-1])] + 1
-        low = words[first - 1]["end"] if first else w.time_offset
-        high = words[after]["start"] if after < len(words) else w.end_time
-        start, end = w.frame(low), w.frame(high)
-        runs = voice.runs(w, start, end) if end - start >= INSTANT_MIN_VOICE_FRAMES else []
-        runs = [(a, b) for a, b in runs if (a > start or not first) and (b < end or after == len(words))]
-        instant = (s["start"] - w.time_offset) * FRAMES_PER_SECOND
-        a, b = min(runs, key=lambda r: max(r[0] - instant, instant - r[1], 0), default=(0, 0))
-        if b - a < INSTANT_MIN_VOICE_FRAMES:
-            continue
-        spread_by_characters(own, w.time(a), w.time(b))
-        s["start"], s["end"] = own[0]["start"], own[-1]["end"]
+        own = s.words or ()
+        after = first + len(own)
+        if own and s.start == s.end and s.text.strip():
+            low = words[first - 1].end if first else w.time_offset
+            high = words[after].start if after < len(words) else w.end_time
+            run = _unheard_run(voice, w, w.frame(low), w.frame(high), s.start, first == 0, after == len(words))
+            if run is not None:
+                words[first:after] = spread_by_characters(own, w.time(run[0]), w.time(run[1]))
+                s = replace(s, words=tuple(words[first:after]), start=words[first].start, end=words[after - 1].end)
+        placed.append(s)
+        first = after
+    return placed
 
 
-def edges_onto_voice(check: VoiceCheck, w: Window, segments: list[dict]) -> None:
-    """Words at a pause (after one: the start; before one: the end; a window's first and last words, and a
-    stretched word, both) whose edge lies where the VAD hears no voice: the start moved to the onset of the voice
-    after it, the end to the end of the voice before it, the words beyond that edge sharing the nearest word's
-    span by their characters. The VAD hears each word in question once, with EDGE_MARGIN_FRAMES either side."""
-    words = [x for s in segments for x in s.get("words") or []]
+def _unheard_run(voice: VoiceCheck, w: Window, start: int, end: int, instant: float, from_start: bool,
+                 to_end: bool) -> tuple[int, int] | None:
+    """The run of voice in ``[start, end)`` (window frames) nearest to ``instant`` (seconds), not running on from
+    the words before (unless ``from_start``: none before) or after (unless ``to_end``); None if shorter than
+    INSTANT_MIN_VOICE_FRAMES."""
+    runs = voice.runs(w, start, end) if end - start >= INSTANT_MIN_VOICE_FRAMES else []
+    runs = [(a, b) for a, b in runs if (a > start or from_start) and (b < end or to_end)]
+    frame = (instant - w.time_offset) * FRAMES_PER_SECOND
+    a, b = min(runs, key=lambda r: max(r[0] - frame, frame - r[1], 0), default=(0, 0))
+    return (a, b) if b - a >= INSTANT_MIN_VOICE_FRAMES else None
+
+
+def edges_onto_voice(check: VoiceCheck, w: Window, segments: Sequence[Segment]) -> list[Segment]:
+    """The segments with their words at a pause (after one: the start; before one: the end; a window's first and
+    last words, and a stretched word, both) whose edge lies where the VAD hears no voice moved: the start to the
+    onset of the voice after it, the end to the end of the voice before it, the words beyond that edge sharing
+    the nearest word's span by their characters. The VAD hears each word in question once, with
+    EDGE_MARGIN_FRAMES either side."""
+    words = [x for s in segments for x in s.words or ()]
     stretched = max(STRETCHED_MIN_S, max_word_duration(segments))
-    long = [x["end"] - x["start"] > stretched for x in words]
-    at_start = [i == 0 or long[i] or x["start"] - words[i - 1]["end"] >= PAUSE_S for i, x in enumerate(words)]
+    long = [x.end - x.start > stretched for x in words]
+    at_start = [i == 0 or long[i] or x.start - words[i - 1].end >= PAUSE_S for i, x in enumerate(words)]
     at_end = [i == len(words) - 1 or long[i] or at_start[i + 1] for i in range(len(words))]
     spans = [_span(w, x) for x, a, b, s in zip(words, at_start, at_end, long, strict=True) if (a or b) and not s]
     shared = _runs_over(check, w, spans)
@@ -279,13 +289,18 @@ def edges_onto_voice(check: VoiceCheck, w: Window, segments: list[dict]) -> None
     for i in reversed(range(len(words))):
         if at_end[i]:
             _end_onto_offset(runs[i], w, words, i)
+    placed, first = [], 0
     for s in segments:
-        if s.get("words"):
-            s["start"], s["end"] = s["words"][0]["start"], s["words"][-1]["end"]
+        after = first + len(s.words or ())
+        if after > first:
+            s = replace(s, words=tuple(words[first:after]), start=words[first].start, end=words[after - 1].end)
+        placed.append(s)
+        first = after
+    return placed
 
 
-def _span(w: Window, word: dict) -> tuple[int, int]:
-    return w.frame(word["start"]) - EDGE_MARGIN_FRAMES, w.frame(word["end"]) + EDGE_MARGIN_FRAMES
+def _span(w: Window, word: Word) -> tuple[int, int]:
+    return w.frame(word.start) - EDGE_MARGIN_FRAMES, w.frame(word.end) + EDGE_MARGIN_FRAMES
 
 
 def _runs_over(check: VoiceCheck, w: Window, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -299,26 +314,28 @@ def _runs_over(check: VoiceCheck, w: Window, spans: list[tuple[int, int]]) -> li
     return [run for a, b in merged for run in check.runs(w, a, b)]
 
 
-def _start_onto_onset(runs: list[tuple[int, int]], w: Window, words: list[dict], i: int) -> None:
-    start, end = w.frame(words[i]["start"]), w.frame(words[i]["end"]) + EDGE_MARGIN_FRAMES
+def _start_onto_onset(runs: list[tuple[int, int]], w: Window, words: list[Word], i: int) -> None:
+    """Word ``i`` of ``words`` (the window's, replaced in this list) started at the onset of the voice after it."""
+    start, end = w.frame(words[i].start), w.frame(words[i].end) + EDGE_MARGIN_FRAMES
     onsets = [a for a, _ in runs if start < a < end]
     if any(a <= start < b for a, b in runs) or not onsets:
         return
     onset = round(w.time(_rise(w, onsets[0])), 2)
-    k = max(j for j in range(i, len(words)) if words[j]["start"] < onset)
-    if words[k]["end"] > onset:  # else the VAD's onset lies after the words it should start: not moved
-        spread_by_characters(words[i : k + 1], onset, words[k]["end"])
+    k = max(j for j in range(i, len(words)) if words[j].start < onset)
+    if words[k].end > onset:  # else the VAD's onset lies after the words it should start: not moved
+        words[i : k + 1] = spread_by_characters(words[i : k + 1], onset, words[k].end)
 
 
-def _end_onto_offset(runs: list[tuple[int, int]], w: Window, words: list[dict], i: int) -> None:
-    start, end = w.frame(words[i]["start"]) - EDGE_MARGIN_FRAMES, w.frame(words[i]["end"])
+def _end_onto_offset(runs: list[tuple[int, int]], w: Window, words: list[Word], i: int) -> None:
+    """Word ``i`` of ``words`` (the window's, replaced in this list) ended at the end of the voice before it."""
+    start, end = w.frame(words[i].start) - EDGE_MARGIN_FRAMES, w.frame(words[i].end)
     offsets = [b for _, b in runs if start < b < end]
     if any(a < end <= b for a, b in runs) or not offsets:
         return
     offset = round(w.time(offsets[-1]), 2)
-    m = min(j for j in range(i + 1) if words[j]["end"] > offset)
-    if words[m]["start"] < offset:  # else the VAD's offset lies before the words it should end: not moved
-        spread_by_characters(words[m : i + 1], words[m]["start"], offset)
+    m = min(j for j in range(i + 1) if words[j].end > offset)
+    if words[m].start < offset:  # else the VAD's offset lies before the words it should end: not moved
+        words[m : i + 1] = spread_by_characters(words[m : i + 1], words[m].start, offset)
 
 
 def _rise(w: Window, onset: int) -> int:
@@ -337,7 +354,7 @@ class GuardVerdict:
     """What the speech guard makes of a window: the segments kept, where to decode again (None: nowhere) and
     whether the next window holds only the voice found without words (it ends at ``resume.unheard_end``)."""
 
-    segments: list[dict]
+    segments: list[Segment]
     resume: Resume | None = None
     decode_alone: bool = False
 
@@ -367,7 +384,7 @@ class SpeechGuard:
         """The guard of audio whose voiced runs (mel frames) are known, words checked against them (a live buffer)."""
         return cls(VoiceRegions(frames), check_words=True)
 
-    def apply(self, w: Window, segments: list[dict] | None, seek: int, may_resume: bool, prompted: bool,
+    def apply(self, w: Window, segments: Sequence[Segment] | None, seek: int, may_resume: bool, prompted: bool,
               word_timestamps: bool) -> GuardVerdict:
         """The verdict on window ``w``'s ``segments`` (None: openai's no-speech rule passed over the window) whose
         next seek is ``seek``. ``may_resume``: false for a window the guard started (it is never decoded again);
@@ -383,23 +400,23 @@ class SpeechGuard:
         alone = voiced is not None and (resume is None or voiced.frame <= resume.frame)
         resume = voiced if alone else resume
         if resume is None:
-            return GuardVerdict(segments)
+            return GuardVerdict(list(segments))
         # Decoded again from there, without the prompt that may have led it astray. Where there was no prompt to
         # drop (a lane's or the file's first window), that would be much the same decoding (from the window's
         # start, or from a lead-in before the voice: it jumped over the same voice again), so the unheard stretch
         # is decoded alone, and the decoding cannot jump over it again.
-        kept = [s for s in segments if s["end"] * FRAMES_PER_SECOND <= resume.frame + 1]
+        kept = [s for s in segments if s.end * FRAMES_PER_SECOND <= resume.frame + 1]
         return GuardVerdict(kept, resume, decode_alone=alone or not prompted)
 
     def hears_voice(self, w: Window) -> bool:
         """Whether the VAD hears voice (MIN_VOICE_FRAMES or more) anywhere in window ``w``'s audio."""
         return self.voice.voice(w, 0, w.held_frames).frames >= MIN_VOICE_FRAMES
 
-    def instants_onto_voice(self, w: Window, segments: list[dict]) -> None:
-        """The rule ``instants_onto_voice`` on a window's segments."""
-        instants_onto_voice(w, segments, self.voice)
+    def heard_words(self, w: Window, segments: Sequence[Segment]) -> list[Segment]:
+        """Window ``w``'s decoded segments with their words where the VAD hears them, before the verdict: a segment
+        DTW put at one instant on the voice beside it (``instants_onto_voice``, every mode)."""
+        return instants_onto_voice(w, segments, self.voice)
 
-    def edges_onto_voice(self, w: Window, segments: list[dict]) -> None:
+    def edges_onto_voice(self, w: Window, segments: Sequence[Segment]) -> list[Segment]:
         """The rule ``edges_onto_voice`` on a window's kept segments, where words are checked against voice."""
-        if self.check_words:
-            edges_onto_voice(self.voice, w, segments)
+        return edges_onto_voice(self.voice, w, segments) if self.check_words else list(segments)

@@ -20,7 +20,8 @@ from ..tokenizer import Tokenizer
 from .hallucinations import skip_hallucinations
 from .speech_guard import SpeechGuard
 from .window import Window
-from .words import add_words, trim_words_to_sound
+from .word_times import heard_words, place_words
+from .words import add_words
 
 # Why a window ended as it did (``WindowOutcome.reason``).
 DECODED = "decoded"  # its segments kept, the seek moved on (openai's rule)
@@ -91,18 +92,19 @@ class WindowStep:
             if verdict is None or verdict.resume is None:
                 return WindowOutcome((), w.seek + w.size, NO_SPEECH)
             return self._keep(w, result, [], verdict.resume.frame, audio_end, verdict.resume.unheard_end, resumed=True)
-        segments, seek, single_timestamp_ending = split_segments(result, tokenizer, w.seek, w.size)
+        decoded, seek, single_timestamp_ending = split_segments(result, tokenizer, w.seek, w.size)
         if options.word_timestamps:
-            add_words(self.model, w.enc, result, segments, tokenizer, options, w.time_offset, w.size, last_speech)
-            if self.guard:
-                self.guard.instants_onto_voice(w, segments)
+            add_words(self.model, w.enc, result, decoded, tokenizer, options, w.time_offset, w.size, last_speech)
+        segments = [typed_segment(s, options.word_timestamps) for s in decoded]
+        if options.word_timestamps:
+            segments = heard_words(w, segments, self.guard)
             if not single_timestamp_ending:  # openai's rule: the next window starts where DTW put the last word
                 last_word_end = get_end(segments)
                 if last_word_end is not None and last_word_end > w.time_offset:
                     seek = round(last_word_end * FRAMES_PER_SECOND)
                     # A segment after the last word lost all its words to the alignment: its audio is decoded
                     # again from the seek, and kept it would come twice, out of order.
-                    segments = [s for s in segments if s.get("words") or s["start"] < last_word_end]
+                    segments = [s for s in segments if s.words or s.start < last_word_end]
             if options.hallucination_silence_threshold is not None:
                 seek, segments, skipped = skip_hallucinations(options.hallucination_silence_threshold, last_speech,
                                                               content_frames, w, segments, seek)
@@ -116,28 +118,24 @@ class WindowStep:
         window_end = verdict.resume.unheard_end if verdict.decode_alone else None
         return self._keep(w, result, verdict.segments, verdict.resume.frame, audio_end, window_end, resumed=True)
 
-    def _keep(self, w: Window, result: DecodingResult, segments: list[dict], seek: int, audio_end: float,
+    def _keep(self, w: Window, result: DecodingResult, segments: list[Segment], seek: int, audio_end: float,
               window_end: int | None = None, resumed: bool = False) -> WindowOutcome:
-        """The window's segments kept (never ending past the window's audio, never empty) and the next seek: past
-        the window's start, unless the guard ``resumed`` there (it decodes a window again once, without the
-        prompt, and never guards that window again)."""
+        """The window's segments kept (their final word times: ``word_times.place_words``; never ending past the
+        window's audio, never empty) and the next seek: past the window's start, unless the guard ``resumed``
+        there (it decodes a window again once, without the prompt, and never guards that window again)."""
         last_speech = get_end(segments) if self.options.word_timestamps else None
         if last_speech is not None:  # of the kept segments: a resumed window is aligned again after them
-            trim_words_to_sound(segments, w.samples, w.time_offset)  # refines the reported word times only
-            if self.guard:
-                self.guard.edges_onto_voice(w, segments)
-        for s in segments:
-            s["end"] = min(s["end"], audio_end)
-            s["start"] = min(s["start"], s["end"])
-        kept = tuple(typed_segment(s, self.options.word_timestamps) for s in segments
-                     if s["start"] != s["end"] and s["text"].strip())
+            segments = place_words(w, segments, self.guard)  # refines the reported word times only
+        ends = [min(s.end, audio_end) for s in segments]
+        kept = tuple(replace(s, start=min(s.start, end), end=end) for s, end in zip(segments, ends, strict=True)
+                     if min(s.start, end) != end and s.text.strip())
         reset = not self.options.condition_on_previous_text or result.temperature > 0.5 or resumed
         seek = seek if seek > w.seek or resumed else w.seek + max(w.size, 1)  # never stall
         return WindowOutcome(kept, seek, GUARD if resumed else DECODED, window_end, resumed, reset, last_speech)
 
 
 def typed_segment(s: dict, with_words: bool) -> Segment:
-    """The Segment of a window's working segment (openai's dict, which the word-time rules adjust in place); times
+    """The Segment of a decoded segment (openai's dict, which its placement of the aligned words fills in); times
     and probabilities as computed (``result.rounded`` rounds them for the result)."""
     words = None
     if with_words:
@@ -149,12 +147,10 @@ def typed_segment(s: dict, with_words: bool) -> Segment:
                    no_speech_prob=float(s["no_speech_prob"]), words=words)
 
 
-def get_end(segments: Sequence[dict]) -> float | None:
+def get_end(segments: Sequence[Segment]) -> float | None:
     """End of the last word of the segments, else the last segment's end, else None (openai's utils.get_end)."""
-    return next(
-        (w["end"] for s in reversed(segments) for w in reversed(s.get("words") or [])),
-        segments[-1]["end"] if segments else None,
-    )
+    return next((w.end for s in reversed(segments) for w in reversed(s.words or ())),
+                segments[-1].end if segments else None)
 
 
 def decode_with_fallback(model, enc, options: TranscribeOptions, prompt, tokenizer, language_probs, seed,

@@ -14,7 +14,7 @@ import numpy as np
 from .. import timing
 from ..audio import INPUT_STRIDE, SAMPLE_RATE
 from ..options import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
-from ..result import Segment
+from ..result import Segment, Word
 from ..runtime.decoder_adapters import CrossAttention
 from ..runtime.model import WhisperaneModel
 from ..timing import SENTENCE_END_MARKS, WordTiming, merge_punctuations
@@ -72,38 +72,40 @@ WORD_FRAME = 320  # 20 ms, the resolution of word timestamps
 SILENT_BELOW_PEAK_DB = 50.0
 
 
-def trim_words_to_sound(segments: list[dict], samples: np.ndarray, time_offset: float) -> None:
-    """Move word edges that DTW left in silence onto the nearest sounding frame inside the word.
+def trim_words_to_sound(segments: Sequence[Segment], samples: np.ndarray, time_offset: float) -> list[Segment]:
+    """The segments with word edges that DTW left in silence moved onto the nearest sounding frame inside the word.
 
     DTW's path starts at the window's first frame, so the first word of a window absorbs any leading silence
-    (openai-whisper's clamps catch only some of these); a word start inside a pause is never right.
+    (openai-whisper's clamps catch only some of these); a word start inside a pause is never right. A segment's
+    own start and end stay as they are.
     """
     n = len(samples) // WORD_FRAME
     if n == 0:
-        return
+        return list(segments)
     rms = np.sqrt(np.mean(samples[: n * WORD_FRAME].reshape(n, WORD_FRAME).astype(np.float64) ** 2, axis=1))
     db = 20 * np.log10(rms + 1e-10)
     sounding = db > float(db.max()) - SILENT_BELOW_PEAK_DB
     if not sounding.any():
-        return
-    for segment in segments:
-        for w in segment.get("words") or []:
-            a = max(0, int(round((w["start"] - time_offset) * 50)))
-            b = min(n, int(round((w["end"] - time_offset) * 50)))
-            if b <= a or not sounding[a:b].any():
-                continue
-            if not sounding[a]:
-                w["start"] = round(time_offset + (a + int(np.argmax(sounding[a:b]))) / 50, 2)
-            if not sounding[b - 1]:
-                w["end"] = round(time_offset + (b - int(np.argmax(sounding[a:b][::-1]))) / 50, 2)
+        return list(segments)
+
+    def trimmed(w: Word) -> Word:
+        a = max(0, int(round((w.start - time_offset) * 50)))
+        b = min(n, int(round((w.end - time_offset) * 50)))
+        if b <= a or not sounding[a:b].any():
+            return w
+        start = round(time_offset + (a + int(np.argmax(sounding[a:b]))) / 50, 2) if not sounding[a] else w.start
+        end = round(time_offset + (b - int(np.argmax(sounding[a:b][::-1]))) / 50, 2) if not sounding[b - 1] else w.end
+        return replace(w, start=start, end=end)
+
+    return [replace(s, words=tuple(map(trimmed, s.words))) if s.words else s for s in segments]
 
 
-def spread_by_characters(words: list[dict], start: float, end: float) -> None:
+def spread_by_characters(words: Sequence[Word], start: float, end: float) -> list[Word]:
     """``words`` given ``start``..``end``, each a share by its characters (one at least)."""
-    lengths = np.cumsum([0, *(max(1, len(x["word"].strip())) for x in words)])
+    lengths = np.cumsum([0, *(max(1, len(x.word.strip())) for x in words)])
     edges = start + (end - start) * lengths / lengths[-1]
-    for x, word_start, word_end in zip(words, edges[:-1], edges[1:], strict=True):
-        x["start"], x["end"] = round(float(word_start), 2), round(float(word_end), 2)
+    return [replace(x, start=round(float(word_start), 2), end=round(float(word_end), 2))
+            for x, word_start, word_end in zip(words, edges[:-1], edges[1:], strict=True)]
 
 
 def word_duration_limits(alignment: Sequence[WordTiming]) -> tuple[float, float]:
