@@ -17,7 +17,7 @@ from ..vad.regions import SpeechRegion
 from .clustering import SpeakerCount, centroids_of, cluster_windows
 from .encoder import SpeakerEncoder, default_encoder
 from .references import reference_embeddings, speaker_names
-from .speech import embedding_regions, speech_probabilities, speech_spans
+from .speech import embedding_regions, speech_probabilities, speech_spans, vad_speech
 from .turns import speaker_turns
 from .windows import SpeechWindows, embed_speech, transcript_speech
 
@@ -51,10 +51,11 @@ def speech_windows(open_stream: Callable[[], AudioStream], transcript: Transcrip
     may cover (``speech.speech_spans``): the audio read twice, for the VAD and for the windows."""
     with open_stream() as stream:
         probabilities, n_samples = speech_probabilities(stream)
-    regions = embedding_regions(transcript_speech(transcript), probabilities, n_samples)
+    vad = vad_speech(probabilities, n_samples)
     with open_stream() as stream:
-        windows = embed_speech(stream, regions, encoder or default_encoder(), transcript.duration)
-    return windows, speech_spans(transcript, probabilities, n_samples)
+        windows = embed_speech(stream, embedding_regions(transcript_speech(transcript), vad),
+                               encoder or default_encoder(), transcript.duration)
+    return windows, speech_spans(transcript, vad, probabilities, n_samples)
 
 
 def known_speaker_embeddings(known: Mapping[str, str | os.PathLike | np.ndarray],

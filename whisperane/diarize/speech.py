@@ -16,13 +16,13 @@ from ..audio import SAMPLE_RATE, AudioStream
 from ..result import TranscriptionResult
 from ..vad.regions import SpeechRegion, VadOptions, speech_regions
 from ..vad.silero import default_vad
+from .windows import REGION_GAP
 
-# A pause of 200 ms ends a stretch of speech (as REGION_GAP ends a region of words); 100 ms of padding keeps the
+# A pause of 200 ms ends a stretch of speech (as REGION_GAP a region of words); 100 ms of padding keeps the
 # soft ends of words the VAD scores low.
 SPEECH = VadOptions(min_silence_duration_ms=200, speech_pad_ms=100)
 # Inside a word's span, speech at this probability or more (its silence threshold 0.15 below) is speech.
 SPEECH_IN_WORDS = VadOptions(threshold=0.3, min_silence_duration_ms=200, speech_pad_ms=100)
-JOIN_GAP = 0.2  # seconds: regions closer than this are one (windows never span a pause of it)
 
 
 def speech_probabilities(stream: AudioStream) -> tuple[np.ndarray, int]:
@@ -42,25 +42,29 @@ def joined(spans: Iterable[tuple[int, int]], gap: int = 0) -> tuple[SpeechRegion
 
 
 def word_spans(result: TranscriptionResult) -> list[tuple[int, int]]:
-    """The transcript's words (samples), joined where less than JOIN_GAP apart, unpadded."""
+    """The transcript's words (samples), joined where less than REGION_GAP apart, unpadded."""
     spans = [(round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)) for s in result.segments
              for w in (s.words or ())]
-    return [(r.start, r.end) for r in joined(spans, round(JOIN_GAP * SAMPLE_RATE))]
+    return [(r.start, r.end) for r in joined(spans, round(REGION_GAP * SAMPLE_RATE))]
 
 
-def embedding_regions(word_regions: Sequence[SpeechRegion], probabilities: np.ndarray,
-                      n_samples: int) -> tuple[SpeechRegion, ...]:
-    """The regions windows are embedded over: the transcript's (``word_regions``) and the VAD's, joined."""
-    vad = speech_regions(probabilities, n_samples, SPEECH)
-    return joined(((r.start, r.end) for r in (*word_regions, *vad)), round(JOIN_GAP * SAMPLE_RATE))
+def embedding_regions(word_regions: Sequence[SpeechRegion], vad: Sequence[SpeechRegion]) -> tuple[SpeechRegion, ...]:
+    """The regions windows are embedded over: the transcript's (``word_regions``) and the VAD's (``vad_speech``),
+    joined."""
+    return joined(((r.start, r.end) for r in (*word_regions, *vad)), round(REGION_GAP * SAMPLE_RATE))
 
 
-def speech_spans(result: TranscriptionResult, probabilities: np.ndarray,
+def vad_speech(probabilities: np.ndarray, n_samples: int) -> list[SpeechRegion]:
+    """The VAD's speech (SPEECH) from its probabilities."""
+    return speech_regions(probabilities, n_samples, SPEECH)
+
+
+def speech_spans(result: TranscriptionResult, vad: Sequence[SpeechRegion], probabilities: np.ndarray,
                  n_samples: int) -> tuple[SpeechRegion, ...]:
-    """Where turns may lie: the VAD's speech, and its speech at SPEECH_IN_WORDS's threshold inside words."""
-    vad = [(r.start, r.end) for r in speech_regions(probabilities, n_samples, SPEECH)]
+    """Where turns may lie: the VAD's speech (``vad_speech``), and its speech at SPEECH_IN_WORDS's threshold inside
+    words."""
     softer = [(r.start, r.end) for r in speech_regions(probabilities, n_samples, SPEECH_IN_WORDS)]
-    return joined([*vad, *overlaps(softer, word_spans(result))])
+    return joined([*((r.start, r.end) for r in vad), *overlaps(softer, word_spans(result))])
 
 
 def overlaps(first: Sequence[tuple[int, int]], second: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
