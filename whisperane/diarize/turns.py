@@ -17,9 +17,9 @@ from .speech import overlaps
 from .windows import SpeechWindows
 
 FRAME_SAMPLES = 160  # 10 ms
-# A speaker's pause shorter than this stays inside the turn (a breath, and within the collar scorers allow at each
-# boundary); a longer one ends it, so that a turn ends where the speech does and covers no pause as speech.
-FILL_GAP = 0.5
+# A speaker's pause shorter than this stays inside the turn (a breath, a gap between words the VAD ended speech at);
+# a longer one ends it, so that a turn ends where the speech does and covers no pause as speech.
+FILL_GAP = 0.3
 
 
 def label(index: int) -> str:
