@@ -31,7 +31,7 @@ def speech_probabilities(stream: AudioStream) -> tuple[np.ndarray, int]:
 
 
 def joined(spans: Iterable[tuple[int, int]], gap: int = 0) -> tuple[SpeechRegion, ...]:
-    """``spans`` (samples) sorted and joined where less than ``gap`` apart (touching ones always)."""
+    """``spans`` (samples) sorted and joined where at most ``gap`` apart."""
     out: list[list[int]] = []
     for start, end in sorted(spans):
         if out and start - out[-1][1] <= gap:
@@ -42,7 +42,7 @@ def joined(spans: Iterable[tuple[int, int]], gap: int = 0) -> tuple[SpeechRegion
 
 
 def word_spans(result: TranscriptionResult) -> list[tuple[int, int]]:
-    """The transcript's words (samples), joined where less than REGION_GAP apart, unpadded."""
+    """The transcript's words (samples), joined where at most REGION_GAP apart, unpadded."""
     spans = [(round(w.start * SAMPLE_RATE), round(w.end * SAMPLE_RATE)) for s in result.segments
              for w in (s.words or ())]
     return [(r.start, r.end) for r in joined(spans, round(REGION_GAP * SAMPLE_RATE))]
