@@ -480,14 +480,12 @@ def test_a_corpus_conversation_of_three(corpus_three, precision, request):
     import whisperane
     from whisperane.audio import open_audio
     from whisperane.diarize import clustering
-    from whisperane.diarize.encoder import default_encoder
-    from whisperane.diarize.windows import embed_speech, transcript_speech
+    from whisperane.diarize.pipeline import speech_windows
 
     built, bench = corpus_three
     model = request.getfixturevalue(f"tiny_{precision}_model")
     result = whisperane.transcribe(str(built.path), model, diarize=True)
-    with open_audio(str(built.path)) as stream:
-        windows = embed_speech(stream, transcript_speech(result), default_encoder(), result.duration)
+    windows, _ = speech_windows(lambda: open_audio(str(built.path)), result)  # what diarize clusters
     points = clustering.chunk_points(clustering.normalized(windows.embeddings.astype(np.float64)), windows.chunks)
     merges = clustering.average_linkage(points)
     slack = count_slack(merges, len(points))

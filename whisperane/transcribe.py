@@ -90,9 +90,8 @@ class Transcription:
             from .diarize.pipeline import diarize
             from .diarize.words import with_speakers
 
-            # after the transcription, on this thread: the transcript's words are the speech to embed (no VAD pass
-            # of its own), and beside the transcription on a thread of its own it costs the decoder loop more than
-            # its own time
+            # after the transcription, on this thread (it embeds the transcript's words and the VAD's speech):
+            # beside the transcription on a thread of its own it costs the decoder loop more than its own time
             turns = diarize(self._open_again, result, self.options.speaker_count, references=self._references)
             result = with_speakers(result, turns, self.model.tokenizer(result.language, self.options.task))
         self.result = result

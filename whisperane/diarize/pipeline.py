@@ -1,6 +1,7 @@
-"""Diarization of one transcribed audio: windows over the transcript's speech and their embeddings (``windows``),
-speakers by clustering (``clustering``), named where they match a known speaker (``references``), turns
-(``turns``); ``with_speakers`` (``words``) puts them on the transcript."""
+"""Diarization of one transcribed audio: the speech (``speech``: Silero VAD's and the transcript's words), windows
+over it and their embeddings (``windows``), speakers by clustering (``clustering``), named where they match a known
+speaker (``references``), turns inside the speech (``turns``); ``with_speakers`` (``words``) puts them on the
+transcript."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import numpy as np
 from ..audio import AudioStream, open_audio
 from ..errors import OptionsError
 from ..result import SpeakerTurn, TranscriptionResult
+from ..vad.regions import SpeechRegion
 from .clustering import SpeakerCount, centroids_of, cluster_windows
 from .encoder import SpeakerEncoder, default_encoder
 from .references import reference_embeddings, speaker_names
+from .speech import embedding_regions, speech_probabilities, speech_spans, vad_speech
 from .turns import speaker_turns
-from .windows import embed_speech, transcript_speech
+from .windows import SpeechWindows, embed_speech, transcript_speech
 
 
 def stream_opener(audio: str | os.PathLike | np.ndarray | AudioStream) -> Callable[[], AudioStream]:
@@ -35,13 +38,24 @@ def diarize(open_stream: Callable[[], AudioStream], transcript: TranscriptionRes
     """Who spoke when in the transcribed audio ``open_stream()`` opens: speaker turns in time order, labelled with
     the name of the known speaker they match (``references``: ``known_speaker_embeddings``), the others SPEAKER_00,
     ... in order of first speech."""
-    with open_stream() as stream:
-        windows = embed_speech(stream, transcript_speech(transcript), encoder or default_encoder(),
-                               transcript.duration)
+    windows, speech = speech_windows(open_stream, transcript, encoder)
     clusters = cluster_windows(windows.embeddings, windows.chunks, count)
     names = speaker_names(centroids_of(windows.embeddings.astype(np.float64), clusters), references) \
         if references and len(clusters) else {}
-    return speaker_turns(windows, clusters, names)
+    return speaker_turns(windows, clusters, names, speech)
+
+
+def speech_windows(open_stream: Callable[[], AudioStream], transcript: TranscriptionResult,
+                   encoder: SpeakerEncoder | None = None) -> tuple[SpeechWindows, tuple[SpeechRegion, ...]]:
+    """The windows embedded over the audio's speech (the VAD's and the transcript's words), and the speech turns
+    may cover (``speech.speech_spans``): the audio read twice, for the VAD and for the windows."""
+    with open_stream() as stream:
+        probabilities, n_samples = speech_probabilities(stream)
+    vad = vad_speech(probabilities, n_samples)
+    with open_stream() as stream:
+        windows = embed_speech(stream, embedding_regions(transcript_speech(transcript), vad),
+                               encoder or default_encoder(), transcript.duration)
+    return windows, speech_spans(transcript, vad, probabilities, n_samples)
 
 
 def known_speaker_embeddings(known: Mapping[str, str | os.PathLike | np.ndarray],

@@ -1,32 +1,36 @@
 """Speaker turns from labelled windows: each 10 ms frame of a speech region goes to the speaker whose centroid the
-windows covering it are closest to on average, runs of one speaker become turns, a speaker's turns closer than
-FILL_GAP are joined, and labels are numbered SPEAKER_00, SPEAKER_01, ... in order of first speech."""
+windows covering it are closest to on average, runs of one speaker become turns, cut to the speech
+(``speech.speech_spans``) where it is given, a speaker's turns closer than FILL_GAP are joined, and labels are
+numbered SPEAKER_00, SPEAKER_01, ... in order of first speech."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..result import SpeakerTurn
+from ..vad.regions import SpeechRegion
 from .clustering import centroids_of
+from .speech import overlaps
 from .windows import SpeechWindows
 
 FRAME_SAMPLES = 160  # 10 ms
-# A speaker's pause shorter than this stays inside the turn (a breath, and within the collar scorers allow at each
-# boundary); a longer one ends it, so that a turn ends where the speech does and covers no pause as speech.
-FILL_GAP = 0.5
+# A speaker's pause shorter than this stays inside the turn (a breath, a gap between words the VAD ended speech at);
+# a longer one ends it, so that a turn ends where the speech does and covers no pause as speech.
+FILL_GAP = 0.3
 
 
 def label(index: int) -> str:
     return f"SPEAKER_{index:02d}"
 
 
-def speaker_turns(windows: SpeechWindows, clusters: np.ndarray,
-                  names: Mapping[int, str] | None = None) -> tuple[SpeakerTurn, ...]:
-    """Turns (seconds) from each window's cluster, labelled by ``names`` (cluster -> a known speaker's name) and
-    the other clusters SPEAKER_00, SPEAKER_01, ... in order of first speech."""
+def speaker_turns(windows: SpeechWindows, clusters: np.ndarray, names: Mapping[int, str] | None = None,
+                  speech: Sequence[SpeechRegion] | None = None) -> tuple[SpeakerTurn, ...]:
+    """Turns (seconds) from each window's cluster, inside ``speech`` (sorted, disjoint; None: the windows'
+    regions whole), labelled by ``names`` (cluster -> a known speaker's name) and the other clusters SPEAKER_00,
+    SPEAKER_01, ... in order of first speech."""
     if len(windows) == 0:
         return ()
     centroids = centroids_of(windows.embeddings.astype(np.float64), clusters)
@@ -36,7 +40,17 @@ def speaker_turns(windows: SpeechWindows, clusters: np.ndarray,
         inside = np.flatnonzero(windows.regions_of == index)
         if len(inside):
             raw += region_runs(region.start, region.end, windows.spans[inside], similarity[inside])
+    if speech is not None:
+        raw = inside_speech(raw, speech)
     return numbered(joined(raw), names or {})
+
+
+def inside_speech(raw: list[tuple[int, int, int]], speech: Sequence[SpeechRegion]) -> list[tuple[int, int, int]]:
+    """The runs cut to the speech: what of each lies inside ``speech``, in time order."""
+    parts = overlaps([(start, end) for start, end, _ in raw], [(r.start, r.end) for r in speech])
+    # each part lies inside one run: the last to start at or before it
+    owner = np.searchsorted([start for start, _, _ in raw], [a for a, _ in parts], side="right") - 1
+    return [(a, b, raw[k][2]) for (a, b), k in zip(parts, owner.tolist(), strict=True)]
 
 
 def region_runs(start: int, end: int, spans: np.ndarray, similarity: np.ndarray) -> list[tuple[int, int, int]]:

@@ -1,8 +1,8 @@
-"""Speaker embeddings over a transcript's speech. Its words, joined where less than REGION_GAP apart, make the
-speech regions (no VAD pass of their own); windows of 1.6 s lie side by side or a little apart inside each region
-(never across a pause), each a partial utterance brought to Resemblyzer's level and embedded by the speaker
-encoder. The audio is read once, region by region, in bounded memory: only the windows' spans and embeddings
-(1 KiB a window) are kept."""
+"""Speaker embeddings over speech regions (the transcript's words, joined where less than REGION_GAP apart:
+``transcript_speech``; ``speech.embedding_regions`` adds the VAD's): windows of 1.6 s lie side by side or a little
+apart inside each region (never across a pause), each a partial utterance brought to Resemblyzer's level and
+embedded by the speaker encoder. The audio is read once, region by region, in bounded memory: only the windows'
+spans and embeddings (1 KiB a window) are kept."""
 
 from __future__ import annotations
 
