@@ -1,7 +1,9 @@
 """The accuracy guard of every precision change (issue 12): candidate builds against the float32 build.
 
-A candidate is a bundle directory and a compute type (``--candidate LABEL=DIR[:COMPUTE_TYPE]``, repeatable; the
-first model's int8 default is always measured as "today's int8"). For each, on the corpus's English clips and on
+A candidate is a bundle directory, a compute type and transcribe options (``--candidate
+LABEL=DIR[:COMPUTE_TYPE[:OPTION=VALUE,...]]``, repeatable, e.g. ``decode-words=models/tiny.en:int8:alignment=decode``;
+the first model's int8 default is always measured as "today's int8", and each candidate's word times are also
+given against today's int8). For each, on the corpus's English clips and on
 long files of those clips in several orders (``--orders``; each order a rotation of the clip list, ~0.6 s apart,
 ``--minutes`` long), with tiny.en, 2 threads, greedy, word timestamps on, in process:
 
@@ -47,16 +49,16 @@ def words_of(result) -> list[tuple[str, float, float]]:
     return [(w.word, w.start, w.end) for s in result.segments for w in s.words]
 
 
-def read_build(bundle: Path, compute_type: str, clips, long_files, threads: int) -> Readings:
+def read_build(bundle: Path, compute_type: str, clips, long_files, threads: int, options: dict) -> Readings:
     import whisperane
 
     model = whisperane.load_model(bundle, compute_type=compute_type, threads=threads)
     readings = Readings({}, {})
     for clip in clips:
-        r = whisperane.transcribe(str(clip.path), model=model)
+        r = whisperane.transcribe(str(clip.path), model=model, **options)
         readings.clips[clip.id] = (r.text, words_of(r))
     for name, f in long_files.items():
-        r = whisperane.transcribe(str(f.path), model=model)
+        r = whisperane.transcribe(str(f.path), model=model, **options)
         readings.long[name] = (r.text, words_of(r), clips_without_words(r, f.spans))
     return readings
 
@@ -81,6 +83,14 @@ def wer(scorer: Scorer, pairs: list[tuple[str, str]]) -> float:
         e, n = scorer.errors(reference, text, "en")
         errors, totals = errors + e, totals + n
     return float(pct(errors, totals))
+
+
+def timing_row(r: Readings, today: Readings, clips, long_files) -> str:
+    """Word start/end differences from today's int8, median / p95 ms, and clips whose text differs from today's."""
+    diffs = [d for c in clips for d in time_differences(r.clips[c.id][1], today.clips[c.id][1])]
+    diffs += [d for n in long_files for d in time_differences(r.long[n][1], today.long[n][1])]
+    changed = sum(r.clips[c.id][0] != today.clips[c.id][0] for c in clips)
+    return f"{np.median(diffs):.0f} / {np.percentile(diffs, 95):.0f} ({changed} clip texts differ)"
 
 
 def summary_row(label: str, r: Readings, f32: Readings, clips, long_files, scorer: Scorer) -> list[str]:
@@ -111,24 +121,31 @@ def main() -> None:
     step = max(1, len(clips) // args.orders)
     long_files = {f"order {i}": build_long_file(clips, 60 * args.minutes, args.cache, rotate=i * step)
                   for i in range(args.orders)}
-    builds = [("float32", args.float32, "float32"), ("today's int8", args.float32, "int8")]
+    builds = [("float32", args.float32, "float32", {}), ("today's int8", args.float32, "int8", {})]
     for spec in args.candidate:
         label, _, where = spec.partition("=")
-        path, _, ctype = where.partition(":")
-        builds.append((label, Path(path), ctype or "int8"))
+        path, _, rest = where.partition(":")
+        ctype, _, opts = rest.partition(":")
+        options = {k: v for k, _, v in (o.partition("=") for o in opts.split(",") if o)}
+        builds.append((label, Path(path), ctype or "int8", options))
     print(f"# Precision guard, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
           f"load {loadavg()}\n")
     print(f"{len(clips)} English corpus clips; long files: {args.orders} orders x {args.minutes:g} min "
           f"({', '.join(f'{f.duration:.0f} s' for f in long_files.values())}); greedy, word timestamps, "
           f"{args.threads} threads.\n")
-    readings = {label: read_build(path, ctype, clips, long_files, args.threads) for label, path, ctype in builds}
+    readings = {label: read_build(path, ctype, clips, long_files, args.threads, options)
+                for label, path, ctype, options in builds}
     scorer = Scorer()
     print("| build | clips WER % (vs float32) | long WER % (vs float32) | clips identical to float32 | "
           "word times vs float32 median / p95 ms | long-file clips without words |")
     print("|---|---|---|---|---|---|")
-    for label, _, _ in builds:
+    for label, *_ in builds:
         row = summary_row(label, readings[label], readings["float32"], clips, long_files, scorer)
         print("| " + " | ".join(row) + " |")
+    print("\n| candidate | word times vs today's int8 median / p95 ms |\n|---|---|")
+    for label, *_ in builds[2:]:
+        row = timing_row(readings[label], readings["today's int8"], clips, long_files)
+        print(f"| {label} | {row} |")
     print(f"\nGuard: WER within {WER_POINTS} points of float32's, clips identical no fewer than today's int8, "
           f"word times {MEDIAN_MS:.0f} / {P95_MS:.0f} ms, no clip without words that float32 transcribes.")
 
