@@ -4,9 +4,10 @@ is then assigned to its nearest cluster centroid.
 
 The count is where the dendrogram's merge distances jump most, by ratio: merges closer than LINK_ALWAYS are always
 made, merges farther than LINK_NEVER never, and between the two the tree is cut where the next merge distance is the
-most times the last one made. A telephone band or noise brings all of a file's voices closer together, and a change
-of microphone moves one voice away from itself, so that no one distance threshold holds across recordings; the
-largest jump moves with them. ``CountEstimate.margin`` says how far the count is from turning into another.
+most times the last one made (a distance under JUMP_FLOOR counting as JUMP_FLOOR). A telephone band or noise brings
+all of a file's voices closer together, and a change of microphone moves one voice away from itself, so that no one
+distance threshold holds across recordings; the largest jump moves with them. ``CountEstimate.margin`` says how far
+the count is from turning into another.
 At most MAX_CLUSTERED chunks are clustered (evenly spaced over the audio), so memory stays flat in the audio's
 length; the rest follow the centroids. (Spectral clustering, which finds its own count from an eigengap, needs more
 points per speaker than a speaker with a few seconds has.)"""
@@ -21,6 +22,11 @@ from ..errors import OptionsError
 
 LINK_ALWAYS = 0.30  # cosine distance (average linkage) under which two clusters are always one speaker
 LINK_NEVER = 0.45  # and at or over which they are never merged
+# Under this, merge distances are one voice's own spread (chunks of one speaker lie 0.15-0.25 apart): their ratios
+# are large (0.21 to 0.15) without a new voice in them, and a jump from such a distance to one just over LINK_ALWAYS
+# would rival the jump between two speakers, a count that a few hundredths of kernel rounding turn over. In a jump's
+# ratio, a distance under JUMP_FLOOR counts as JUMP_FLOOR.
+JUMP_FLOOR = 0.25
 # Fewer points than this (chunks: under 15-20 s of speech) hold too few merges for their largest jump to mean a
 # speaker: they are merged up to LINK_NEVER.
 MIN_JUMP_POINTS = 6
@@ -59,7 +65,8 @@ class SpeakerCount:
 class CountEstimate:
     """The count of one set of points: ``count``, and ``jumps``: for each count k considered, the ratio of the
     merge distance that would leave k - 1 clusters to the one that left k (LINK_NEVER and LINK_ALWAYS standing in
-    for the merges before the first and after the last)."""
+    for the merges before the first and after the last; in the band they allow, the latter taken as JUMP_FLOOR
+    where under it)."""
 
     count: int
     jumps: dict[int, float]
@@ -120,7 +127,8 @@ def estimate_count(merges: list[tuple[int, int, float]], n: int, count: SpeakerC
     # leaves[k]: the distance of the merge that left k clusters; the band's edges beyond the first and last merge
     leaves = {0: LINK_NEVER, n: LINK_ALWAYS} | {n - 1 - m: d for m, (_, _, d) in enumerate(merges)}
     jumps = {k: leaves[k - 1] / max(leaves[k], 1e-9) for k in range(low, high + 1)}
-    allowed = {k: v for k, v in jumps.items() if leaves[k] < LINK_NEVER and leaves[k - 1] >= LINK_ALWAYS}
+    allowed = {k: leaves[k - 1] / max(leaves[k], JUMP_FLOOR) for k in jumps
+               if leaves[k] < LINK_NEVER and leaves[k - 1] >= LINK_ALWAYS}
     if n < MIN_JUMP_POINTS and allowed:  # too few merges for a telling jump: the fewest clusters the band allows
         allowed = {min(allowed): allowed[min(allowed)]}
     considered = allowed or jumps
