@@ -323,6 +323,19 @@ def test_a_channel_that_brings_voices_closer_keeps_the_count():
     assert len(set(labels_of(points))) == 2
 
 
+@pytest.mark.parametrize("outlier", [0.28, 0.30, 0.31, 0.33])
+def test_one_voices_spread_is_no_jump(outlier):
+    """Chunks that merge at 0.12-0.21, one lone chunk (a turn's edge) at ``outlier``, then three voices at 0.46 and
+    0.52: the count stays 3 wherever a CPU's rounding puts the lone chunk either side of LINK_ALWAYS (its ratio to
+    the voices' own spread is no jump)."""
+    from whisperane.diarize.clustering import SpeakerCount, estimate_count
+
+    spread = iter(np.linspace(0.12, 0.21, 27))  # voices of points 0-9, 10-19 and 20-29; the lone chunk: 30
+    merges = [(head, head + i, next(spread)) for i in range(1, 10) for head in (0, 10, 20)]
+    merges += [(10, 30, outlier), (0, 10, 0.46), (0, 20, 0.52)]
+    assert estimate_count(sorted(merges, key=lambda m: m[2]), 31, SpeakerCount()).count == 3
+
+
 def test_a_given_count_and_bounds_are_kept():
     from whisperane.diarize.clustering import SpeakerCount
 

@@ -4,9 +4,10 @@ is then assigned to its nearest cluster centroid.
 
 The count is where the dendrogram's merge distances jump most, by ratio: merges closer than LINK_ALWAYS are always
 made, merges farther than LINK_NEVER never, and between the two the tree is cut where the next merge distance is the
-most times the last one made. A telephone band or noise brings all of a file's voices closer together, and a change
-of microphone moves one voice away from itself, so that no one distance threshold holds across recordings; the
-largest jump moves with them. ``CountEstimate.margin`` says how far the count is from turning into another.
+most times the last one made (from JUMP_FLOOR at least where the next merge takes in a lone chunk). A telephone band
+or noise brings all of a file's voices closer together, and a change of microphone moves one voice away from itself, so that no one
+distance threshold holds across recordings; the largest jump moves with them. ``CountEstimate.margin`` says how far
+the count is from turning into another.
 At most MAX_CLUSTERED chunks are clustered (evenly spaced over the audio), so memory stays flat in the audio's
 length; the rest follow the centroids. (Spectral clustering, which finds its own count from an eigengap, needs more
 points per speaker than a speaker with a few seconds has.)"""
@@ -21,6 +22,12 @@ from ..errors import OptionsError
 
 LINK_ALWAYS = 0.30  # cosine distance (average linkage) under which two clusters are always one speaker
 LINK_NEVER = 0.45  # and at or over which they are never merged
+# A lone chunk (a few seconds, often at a turn's edge where two voices meet) is the noisiest point clustered: it may
+# join its voice just over LINK_ALWAYS after merges of that voice's own spread (0.15-0.25), and that ratio would
+# rival the jump between two speakers, a count a few hundredths of kernel rounding turn over. A count that leaves a
+# lone chunk a speaker of its own has its jump measured from JUMP_FLOOR at least (merges of whole clusters keep their
+# ratio: a channel that brings two voices together brings their spread down with them).
+JUMP_FLOOR = 0.25
 # Fewer points than this (chunks: under 15-20 s of speech) hold too few merges for their largest jump to mean a
 # speaker: they are merged up to LINK_NEVER.
 MIN_JUMP_POINTS = 6
@@ -59,7 +66,8 @@ class SpeakerCount:
 class CountEstimate:
     """The count of one set of points: ``count``, and ``jumps``: for each count k considered, the ratio of the
     merge distance that would leave k - 1 clusters to the one that left k (LINK_NEVER and LINK_ALWAYS standing in
-    for the merges before the first and after the last)."""
+    for the merges before the first and after the last; in the band they allow, the latter JUMP_FLOOR at least
+    where the former takes in a lone chunk)."""
 
     count: int
     jumps: dict[int, float]
@@ -119,12 +127,24 @@ def estimate_count(merges: list[tuple[int, int, float]], n: int, count: SpeakerC
     low, high = count.bounds(n)
     # leaves[k]: the distance of the merge that left k clusters; the band's edges beyond the first and last merge
     leaves = {0: LINK_NEVER, n: LINK_ALWAYS} | {n - 1 - m: d for m, (_, _, d) in enumerate(merges)}
+    lone = {n - 1 - m for m, alone in enumerate(takes_in_one(merges, n)) if alone}  # k - 1 where k leaves one alone
     jumps = {k: leaves[k - 1] / max(leaves[k], 1e-9) for k in range(low, high + 1)}
-    allowed = {k: v for k, v in jumps.items() if leaves[k] < LINK_NEVER and leaves[k - 1] >= LINK_ALWAYS}
+    allowed = {k: leaves[k - 1] / max(leaves[k], JUMP_FLOOR if k - 1 in lone else 1e-9) for k in jumps
+               if leaves[k] < LINK_NEVER and leaves[k - 1] >= LINK_ALWAYS}
     if n < MIN_JUMP_POINTS and allowed:  # too few merges for a telling jump: the fewest clusters the band allows
         allowed = {min(allowed): allowed[min(allowed)]}
     considered = allowed or jumps
     return CountEstimate(max(considered, key=lambda k: (considered[k], -k)), considered)
+
+
+def takes_in_one(merges: list[tuple[int, int, float]], n: int) -> list[bool]:
+    """For each merge of ``n`` points, whether one of the two clusters it joins is a single point."""
+    sizes = np.ones(n, dtype=np.int64)
+    out = []
+    for i, j, _ in merges:
+        out.append(min(sizes[i], sizes[j]) == 1)
+        sizes[i] += sizes[j]
+    return out
 
 
 def cut(n: int, merges: list[tuple[int, int, float]], k: int) -> np.ndarray:
