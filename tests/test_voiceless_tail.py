@@ -58,3 +58,24 @@ def test_a_tail_with_voice_is_decoded(tiny_int8_model, monkeypatch):
     result = tiny_int8_model.transcribe(audio)
     assert len(calls) == 2
     assert any(s.start >= 29.0 for s in result.segments)
+
+
+def test_without_the_vad_the_guard_is_off(tiny_int8_model, monkeypatch):
+    """Where the VAD cannot be loaded (not cached, PyPI out of reach) the guard is off, with one warning: openai's
+    loop alone, the tail decoded and every word kept (a guard that asked a missing VAD heard no voice anywhere, and
+    dropped JFK's first sentence as words without voice)."""
+    from whisperane.errors import WhisperaneError
+    from whisperane.vad import silero
+
+    def no_vad():
+        raise WhisperaneError("the Silero VAD model is not available")
+
+    audio = _jfk_then_noise(31.0)
+    unguarded = tiny_int8_model.transcribe(audio, speech_guard=False)
+    monkeypatch.setattr(silero, "default_vad", no_vad)
+    calls = _counting_encoder(tiny_int8_model, monkeypatch)
+    with pytest.warns(UserWarning, match="speech guard off"):
+        result = tiny_int8_model.transcribe(audio)
+    assert len(calls) == 2
+    assert result.text == unguarded.text
+    assert "ask not what your country can do for you" in result.text.lower()

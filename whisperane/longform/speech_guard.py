@@ -370,9 +370,10 @@ class SpeechGuard:
         self.tail_min_frames = GUARD_TAIL_MIN_FRAMES if check_words else GUARD_MIN_SPEECH_FRAMES
 
     @classmethod
-    def on_demand(cls) -> SpeechGuard:
-        """The default mode's guard: the VAD run on the stretches in question."""
-        return cls(VoiceOnDemand(), check_words=True)
+    def on_demand(cls) -> SpeechGuard | None:
+        """The default mode's guard: the VAD run on the stretches in question; None (no guard, openai's loop alone,
+        with one warning) where the VAD model cannot be loaded."""
+        return cls(VoiceOnDemand(), check_words=True) if VoiceOnDemand.available() else None
 
     @classmethod
     def over_speech(cls, stream, voiced: Sequence | None = None) -> SpeechGuard:

@@ -44,25 +44,26 @@ class VoiceCheck:
 
 class VoiceOnDemand(VoiceCheck):
     """The VAD run on the stretch itself, only when the guard asks (a long stretch without words, a segment whose
-    word times look wrong): most windows of speech have none, so the guard costs little.
+    word times look wrong): most windows of speech have none, so the guard costs little."""
 
-    Without the VAD model (not cached, and PyPI out of reach) the guard is off, with one warning."""
+    @staticmethod
+    def available() -> bool:
+        """Whether the VAD model loads (it is cached, or PyPI is in reach); where it does not, one warning: a guard
+        without it would find no voice anywhere, and drop every word it checks."""
+        from ..vad.silero import default_vad
 
-    def __init__(self):
-        self.unavailable = False
+        try:
+            default_vad()
+        except WhisperaneError as e:
+            warnings.warn(f"speech guard off: {e}", stacklevel=3)
+            return False
+        return True
 
     def voiced_runs(self, w, start, end):
         from ..vad.regions import VOICED, speech_regions
         from ..vad.silero import default_vad
 
-        if self.unavailable:
-            return []
-        try:
-            vad = default_vad()
-        except WhisperaneError as e:
-            self.unavailable = True
-            warnings.warn(f"speech guard off: {e}", stacklevel=2)
-            return []
+        vad = default_vad()
         probabilities, n_samples = vad.speech_probabilities(w.samples[start * HOP_LENGTH : end * HOP_LENGTH])
         regions = speech_regions(probabilities, n_samples, VOICED)
         # a region's partial last frame counts as voiced: the guard's thresholds are set in whole voiced frames
