@@ -94,7 +94,6 @@ class SeekLoop:
         self.stream, self.options = stream, options
         self.language = language or LanguageChoice(model, options.language, options.task)
         self._step = WindowStep(model, options, self.language, guard)
-        self._guard = guard
         self._file_peak = file_peak
         # Total length: exact for arrays and wav/flac; from the header for mp3 (refined as the stream is read).
         content_frames = int(stream.n_samples // HOP_LENGTH)
@@ -214,12 +213,13 @@ class SeekLoop:
         decoded (openai's loop decodes the fraction of a second after a last word, even two frames of it, and
         what it writes there the guard drops as words without voice; a prompt that leads the decoding astray
         made every temperature of it fail)."""
-        if self._guard is None or not self._guard.check_words:
+        guard = self._step.guard
+        if guard is None or not guard.check_words:
             return None
 
         def heard(samples: np.ndarray) -> bool:
             last = self.stream.exhausted and seek + size >= self.stream.n_samples // HOP_LENGTH
-            return not last or self._guard.hears_voice(Window(seek, size, None, samples))
+            return not last or guard.hears_voice(Window(seek, size, None, samples))
 
         return heard
 
