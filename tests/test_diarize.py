@@ -535,3 +535,27 @@ def test_known_speakers_named_on_their_words(corpus_three, tiny_int8_model):
         labels = tally[speaker]
         right = sum(label == name if name else label.startswith("SPEAKER_") for label in labels)
         assert len(labels) >= 20 and right >= 0.95 * len(labels), (speaker, labels)
+
+
+def test_a_telephone_band_is_told_from_the_full_band():
+    """Noise through a 300-3400 Hz line (cut by FFT, as the benchmark's telephone) is judged telephone-band, the same
+    noise full-band and a dull full-band sound (power falling 12 dB an octave) are not; the band-limited mel filters
+    see nothing of the bins outside the band."""
+    from whisperane.diarize.features import (
+        band_edge_ratio,
+        band_limited_filters,
+        bin_frequencies,
+        power_spectrum,
+    )
+    from whisperane.diarize.windows import NARROW_ABOVE, NARROW_EDGE, NARROW_RATIO, TELEPHONE_BAND
+
+    rng = np.random.default_rng(3)
+    noise = rng.standard_normal(16000 * 2).astype(np.float32)
+    spectrum, hz = np.fft.rfft(noise), np.fft.rfftfreq(len(noise), 1 / 16000)
+    line = np.fft.irfft(spectrum * ((hz >= 300) & (hz <= 3400)), n=len(noise))
+    dull = np.fft.irfft(spectrum / np.maximum(hz, 100) ** 2, n=len(noise))
+    ratios = band_edge_ratio(np.stack([power_spectrum(x)[:160] for x in (line, noise, dull)]), NARROW_EDGE, NARROW_ABOVE)
+    assert ratios[0] < NARROW_RATIO < ratios[1] and ratios[2] > NARROW_RATIO
+    filters = band_limited_filters(np.ones((40, 201), dtype=np.float32), *TELEPHONE_BAND)
+    outside = (bin_frequencies() < TELEPHONE_BAND[0]) | (bin_frequencies() > TELEPHONE_BAND[1])
+    assert not filters[:, outside].any() and filters[:, ~outside].all()

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..audio import SAMPLE_RATE
 from .speaker_model import HOP_LENGTH, N_FFT, NORM_TARGET_DBFS
 
 INT16_MAX = 2**15 - 1  # Resemblyzer measures dBFS on 16-bit sample values
@@ -48,6 +49,26 @@ def to_mels(power: np.ndarray, filters: np.ndarray) -> np.ndarray:
             low, high = bins[0], bins[-1] + 1
             np.einsum("fb,b->f", flat[:, low:high], row[low:high].astype(np.float32), out=out[:, m])
     return out.reshape(*shape[:-1], filters.shape[0])
+
+
+def bin_frequencies() -> np.ndarray:
+    """The centre frequency (Hz) of each of the N_FFT // 2 + 1 power spectrum bins."""
+    return np.fft.rfftfreq(N_FFT, 1 / SAMPLE_RATE)
+
+
+def band_limited_filters(filters: np.ndarray, low: float, high: float) -> np.ndarray:
+    """The mel ``filters`` [n_mels, N_FFT // 2 + 1] blind to the bins outside [low, high] Hz: the mels of the
+    power spectrum with those bins zeroed."""
+    hz = bin_frequencies()
+    return (filters * ((hz >= low) & (hz <= high))).astype(np.float32)
+
+
+def band_edge_ratio(power: np.ndarray, edge: tuple[float, float], above: float) -> np.ndarray:
+    """For each partial of ``power`` [n, frames, N_FFT // 2 + 1], its power above ``above`` Hz over its power in
+    the ``edge`` band (Hz, the top of a telephone band): near zero where a telephone line cut the audio."""
+    hz = bin_frequencies()
+    inside = power[..., (hz >= edge[0]) & (hz <= edge[1])].sum(axis=(-2, -1), dtype=np.float64)
+    return power[..., hz >= above].sum(axis=(-2, -1), dtype=np.float64) / np.maximum(inside, 1e-20)
 
 
 def volume_gain(samples: np.ndarray) -> float:

@@ -52,9 +52,8 @@ def speech_windows(open_stream: Callable[[], AudioStream], transcript: Transcrip
     with open_stream() as stream:
         probabilities, n_samples = speech_probabilities(stream)
     vad = vad_speech(probabilities, n_samples)
-    with open_stream() as stream:
-        windows = embed_speech(stream, embedding_regions(transcript_speech(transcript), vad),
-                               encoder or default_encoder(), transcript.duration)
+    windows = embed_speech(open_stream, embedding_regions(transcript_speech(transcript), vad),
+                           encoder or default_encoder(), transcript.duration)
     return windows, speech_spans(transcript, vad, probabilities, n_samples)
 
 

@@ -1,12 +1,12 @@
 """Speaker embeddings over speech regions (the transcript's words, joined where less than REGION_GAP apart:
 ``transcript_speech``; ``speech.embedding_regions`` adds the VAD's): windows of 1.6 s lie side by side or a little
 apart inside each region (never across a pause), each a partial utterance brought to Resemblyzer's level and
-embedded by the speaker encoder. The audio is read once, region by region, in bounded memory: only the windows'
-spans and embeddings (1 KiB a window) are kept."""
+embedded by the speaker encoder. The audio is read once (twice where part of it is telephone-band), region by region,
+in bounded memory: only the windows' spans and embeddings (1 KiB a window) are kept."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +15,7 @@ from ..audio import SAMPLE_RATE, AudioStream
 from ..result import TranscriptionResult
 from ..vad.regions import SpeechRegion
 from .encoder import BATCH, SpeakerEncoder
-from .features import power_spectrum, to_mels, volume_gain
+from .features import band_edge_ratio, band_limited_filters, power_spectrum, to_mels, volume_gain
 from .speaker_model import EMBEDDING_SIZE, HOP_LENGTH, PARTIAL_FRAMES
 
 # A pause between two words this long ends a speech region: turns in a conversation are separated by such pauses
@@ -34,6 +34,20 @@ CHUNK_SAMPLES = 4 * SAMPLE_RATE
 # Windows shorter than a whole partial (a region under 1.6 s) embed less reliably, the more so as word spans hold
 # whatever sound lies between words: they are not clustered, only assigned to the nearest speaker.
 RELIABLE_SAMPLES = WINDOW_SAMPLES
+# One voice heard through a telephone line and through a wide-band microphone embeds as two voices: the encoder
+# weighs the bands the line removes. Where a file holds telephone-band speech, every window's embedding is the mean
+# of its full-band one and the one of its TELEPHONE_BAND alone, which a telephone turn and a wide-band turn of one
+# voice share. Full-band files keep full-band embeddings: the band limit costs the encoder voices it tells apart
+# (noisy files' speakers merge).
+TELEPHONE_BAND = (300.0, 3400.0)
+# A window is telephone-band where its power above NARROW_ABOVE Hz is under NARROW_RATIO times its power in
+# NARROW_EDGE: a line's cut leaves orders of magnitude less there than any full-band speech, even a radio's.
+NARROW_EDGE = (2400.0, 3300.0)
+NARROW_ABOVE = 3600.0
+NARROW_RATIO = 10**-2.5
+# The share of windows so judged that makes a file's speech telephone-band in part: a few stray windows (silence,
+# a hum) are not a channel.
+NARROW_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -113,30 +127,46 @@ def partial_power(samples: np.ndarray) -> np.ndarray:
     return power_spectrum(samples * np.float32(gain))[:PARTIAL_FRAMES]
 
 
-def embed_speech(stream: AudioStream, regions: tuple[SpeechRegion, ...], encoder: SpeakerEncoder,
+def embed_speech(open_stream: Callable[[], AudioStream], regions: tuple[SpeechRegion, ...], encoder: SpeakerEncoder,
                  duration: float) -> SpeechWindows:
-    """Windows and their embeddings over ``regions`` (in time order) of the audio ``stream`` reads, once."""
+    """Windows and their embeddings over ``regions`` (in time order) of the audio ``open_stream()`` reads, once;
+    twice where NARROW_SHARE of the windows or more are telephone-band (TELEPHONE_BAND)."""
     per_region = [window_spans(region) for region in regions]
     embeddings = np.zeros((sum(map(len, per_region)), EMBEDDING_SIZE), dtype=np.float32)
+    narrow = np.zeros(len(embeddings), dtype=bool)
     done = 0
-    for mels in partial_mels(stream, regions, per_region, encoder.mel_filters):
-        embeddings[done : done + len(mels)] = encoder.embed(mels)
-        done += len(mels)
+    with open_stream() as stream:
+        for powers in partial_powers(stream, regions, per_region):
+            embeddings[done : done + len(powers)] = encoder.embed(to_mels(powers, encoder.mel_filters))
+            narrow[done : done + len(powers)] = band_edge_ratio(powers, NARROW_EDGE, NARROW_ABOVE) < NARROW_RATIO
+            done += len(powers)
+    if len(narrow) and narrow.mean() >= NARROW_SHARE:
+        embeddings = embeddings + band_embeddings(open_stream, regions, per_region, encoder)
+        embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
     spans = np.array([span for spans in per_region for span in spans], dtype=np.int64).reshape(-1, 2)
     regions_of = np.repeat(np.arange(len(regions)), [len(spans) for spans in per_region]).astype(np.int64)
     return SpeechWindows(regions, spans, regions_of, embeddings, duration)
 
 
-def partial_mels(stream: AudioStream, regions: tuple[SpeechRegion, ...], per_region: list[list[tuple[int, int]]],
-                 filters: np.ndarray) -> Iterator[np.ndarray]:
-    """The windows' partials [<= BATCH, 160, 40], in order, each region's audio read once."""
+def band_embeddings(open_stream: Callable[[], AudioStream], regions: tuple[SpeechRegion, ...],
+                    per_region: list[list[tuple[int, int]]], encoder: SpeakerEncoder) -> np.ndarray:
+    """The windows' embeddings [n, 256] of their TELEPHONE_BAND alone."""
+    filters = band_limited_filters(encoder.mel_filters, *TELEPHONE_BAND)
+    with open_stream() as stream:
+        out = [encoder.embed(to_mels(powers, filters)) for powers in partial_powers(stream, regions, per_region)]
+    return np.concatenate(out) if out else np.zeros((0, EMBEDDING_SIZE), dtype=np.float32)
+
+
+def partial_powers(stream: AudioStream, regions: tuple[SpeechRegion, ...],
+                   per_region: list[list[tuple[int, int]]]) -> Iterator[np.ndarray]:
+    """The windows' partials' power spectra [<= BATCH, 160, 201], in order, each region's audio read once."""
     pending: list[np.ndarray] = []
     for region, spans in zip(regions, per_region, strict=True):
         samples = stream.read(region.start, region.n_samples)
         for start, end in spans:
             pending.append(partial_power(samples[start - region.start : end - region.start]))
             if len(pending) == BATCH:
-                yield to_mels(np.stack(pending), filters)
+                yield np.stack(pending)
                 pending = []
     if pending:
-        yield to_mels(np.stack(pending), filters)
+        yield np.stack(pending)
