@@ -2,12 +2,21 @@
 against the same clip transcribed alone, pooled per language.
 
     python benchmarks/bench_multilingual.py --model base [--corpus ../shared/corpus] [--out results.json]
+    python benchmarks/bench_multilingual.py --pairs [--repeats 3]
 
 The files alternate the corpus's English clips with its clips in other languages, 1 s of silence between clips:
 one of short clips (the shorter half of the English ones), one of long ones. Each is transcribed by default
 (everything in the first window's language) and with ``multilingual=True``; each clip alone by default (its
 language detected) and with its language given. A clip's text in a file is that of the segments whose middle
 falls inside it (0.5 s of slack either side).
+
+``--pairs``: two speakers answering each other. Each clip in another language is paired with an English clip of
+another speaker, both cut to their speech (Silero VAD) and joined by PAIR_PAUSE_S, in both orders: a pause the VAD
+regions of ``multilingual`` do not end at. Each file is transcribed with ``multilingual`` alone and with
+``multilingual`` and ``diarize`` (speech regions cut where the voice changes); a clip's text is that of the words
+whose middle falls inside it (to the middle of the pause). Then the cost of finding the changes before decoding
+(``speaker_changes``) on all the pairs joined into one file (1 s between pairs), against the whole transcription
+with and without diarize, ``--repeats`` interleaved runs.
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLE_RATE = 16000
 PAUSE_S = 1.0
 MODES = ("alone (detected)", "alone (given)", "file default", "file multilingual")
+PAIR_PAUSE_S = 0.25
+PAIR_MODES = ("alone (given)", "file multilingual", "file multilingual + diarize")
+PAIR_OPTIONS = {"file multilingual": {"multilingual": True},
+                "file multilingual + diarize": {"multilingual": True, "diarize": True}}
 
 
 def build_files(clips) -> dict[str, list]:
@@ -86,6 +99,114 @@ def run(model_name: str, corpus: Path) -> dict:
             "seconds": timings, "load": loadavg()}
 
 
+def speech_of(clip) -> np.ndarray:
+    """A clip from its first speech to its last (Silero VAD): no silence of its own at either end."""
+    from whisperane.vad.regions import VOICED
+    from whisperane.vad.silero import get_speech_timestamps
+
+    samples = read_16k_mono(clip.path)
+    regions = get_speech_timestamps(samples, VOICED)
+    return samples[regions[0].start : regions[-1].end]
+
+
+def build_pairs(clips) -> list[tuple]:
+    """Each clip in another language after and before an English clip (the English of 5-12 s taken in turn, one
+    speaker each, so that none is paired twice)."""
+    english = [c for c in clips if c.language == "en" and 5 <= c.duration <= 12]
+    others = [c for c in clips if c.language != "en"]
+    pairs = []
+    for i, other in enumerate(others):
+        partner = english[i % len(english)]
+        pairs += [(partner, other), (other, partner)]
+    return pairs
+
+
+def word_texts(result, spans) -> list[str]:
+    """The text of the words whose middle falls inside each span (seconds), widened to the middle of the pause."""
+    half = PAIR_PAUSE_S / 2
+    words = [w for s in result.segments for w in (s.words or ())]
+    return ["".join(w.word for w in words if a - half <= (w.start + w.end) / 2 <= b + half) for a, b in spans]
+
+
+def joined_by_vad(audio: np.ndarray, cut: float) -> bool:
+    """Whether one of ``multilingual``'s VAD regions spans the junction at ``cut`` seconds."""
+    from whisperane.audio import AudioStream
+    from whisperane.longform.multilingual import REGIONS
+    from whisperane.vad.regions import speech_regions
+    from whisperane.vad.silero import default_vad
+
+    probabilities, n_samples = default_vad().speech_probabilities(AudioStream.from_array(audio))
+    return any(r.start < cut * SAMPLE_RATE < r.end for r in speech_regions(probabilities, n_samples, REGIONS))
+
+
+def run_pairs(model_name: str, corpus: Path, repeats: int) -> dict:
+    import whisperane
+
+    model = whisperane.load_model(model_name)
+    scorer, clips = Scorer(), load_corpus(corpus)
+    errors: dict[str, dict[str, list[int]]] = {m: defaultdict(lambda: [0, 0]) for m in PAIR_MODES}
+    speech, alone, per_file, files = {}, {}, [], []
+    for pair in build_pairs(clips):
+        for clip in pair:
+            if clip.id not in speech:
+                speech[clip.id] = speech_of(clip)
+                alone[clip.id] = model.transcribe(speech[clip.id], language=clip.language).text
+        first, second = (speech[c.id] for c in pair)
+        pause = np.zeros(int(PAIR_PAUSE_S * SAMPLE_RATE), np.float32)
+        audio = np.concatenate([first, pause, second])
+        files.append(audio)
+        spans = [(0.0, len(first) / SAMPLE_RATE), ((len(first) + len(pause)) / SAMPLE_RATE, len(audio) / SAMPLE_RATE)]
+        row = {"clips": [c.id for c in pair], "joined by the VAD": joined_by_vad(audio, spans[0][1] + PAIR_PAUSE_S / 2)}
+        texts = {mode: word_texts(model.transcribe(audio, **PAIR_OPTIONS[mode]), spans) for mode in PAIR_OPTIONS}
+        for i, clip in enumerate(pair):
+            for mode in PAIR_MODES:
+                text = alone[clip.id] if mode == "alone (given)" else texts[mode][i]
+                e, n = scorer.errors(clip.text, text, clip.language)
+                errors[mode][clip.language][0] += e
+                errors[mode][clip.language][1] += n
+                row[f"{clip.id} {mode}"] = [text, e, n]
+        per_file.append(row)
+    seconds = pass_cost(model, files[::2], repeats)
+    return {"model": model_name, "errors": {m: dict(v) for m, v in errors.items()}, "files": per_file,
+            "seconds": seconds, "load": loadavg()}
+
+
+def pass_cost(model, pairs: list[np.ndarray], repeats: int) -> dict:
+    """Seconds of ``speaker_changes`` alone and of the transcription with and without diarize, on the pairs joined
+    into one file, ``repeats`` interleaved runs of each."""
+    from whisperane.audio import AudioStream
+    from whisperane.diarize.pipeline import speaker_changes
+
+    gap = np.zeros(SAMPLE_RATE, np.float32)
+    audio = np.concatenate([piece for pair in pairs for piece in (pair, gap)])
+    runs = {"speaker_changes": lambda: speaker_changes(lambda: AudioStream.from_array(audio)),
+            **{mode: lambda o=options: model.transcribe(audio, **o) for mode, options in PAIR_OPTIONS.items()}}
+    seconds: dict[str, list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        for name, call in runs.items():
+            started = time.monotonic()
+            call()
+            seconds[name].append(round(time.monotonic() - started, 2))
+    return {"audio": round(len(audio) / SAMPLE_RATE, 1), **seconds}
+
+
+def report_pairs(data: dict) -> str:
+    languages = sorted({lang for mode in data["errors"].values() for lang in mode}, key=lambda x: (x != "en", x))
+    joined = sum(row["joined by the VAD"] for row in data["files"])
+    lines = [f"model {data['model']}, load {data['load']}, {len(data['files'])} files, {joined} joined into one VAD "
+             "region at the pause", "", "| language | " + " | ".join(PAIR_MODES) + " |", "|---|" + "---|" * len(PAIR_MODES)]
+    for lang in languages:
+        lines.append(f"| {lang} | " + " | ".join(pct(*data["errors"][mode][lang]) for mode in PAIR_MODES) + " |")
+    pooled = {m: [sum(v[0] for v in data["errors"][m].values()), sum(v[1] for v in data["errors"][m].values())]
+              for m in PAIR_MODES}
+    lines.append("| all | " + " | ".join(pct(*pooled[m]) for m in PAIR_MODES) + " |")
+    cost = data["seconds"]
+    lines += ["", f"one file of the pairs ({cost['audio']} s), seconds per run:"]
+    lines += [f"- {k}: median {np.median(v):.2f} (min {min(v):.2f}, max {max(v):.2f})" for k, v in cost.items()
+              if k != "audio"]
+    return "\n".join(lines)
+
+
 def report(data: dict) -> str:
     languages = sorted({lang for mode in data["errors"].values() for lang in mode}, key=lambda x: (x != "en", x))
     lines = [f"model {data['model']}, load {data['load']}", "",
@@ -102,15 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="base")
     p.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
     p.add_argument("--out", type=Path, help="write every clip's texts and errors as JSON here")
+    p.add_argument("--pairs", action="store_true", help="two speakers in two languages a short pause apart: "
+                   "multilingual with and without diarize")
+    p.add_argument("--repeats", type=int, default=3, help="with --pairs: interleaved runs timing the pre-pass")
     args = p.parse_args(argv)
     if not (args.corpus / "manifest.jsonl").is_file():
         print(f"no corpus at {args.corpus}", file=sys.stderr)
         return 2
     os.environ.setdefault("WHISPERANE_THREADS", "2")
-    data = run(args.model, args.corpus)
+    data = run_pairs(args.model, args.corpus, args.repeats) if args.pairs else run(args.model, args.corpus)
     if args.out:
         args.out.write_text(json.dumps(data, ensure_ascii=False, indent=1))
-    print(report(data))
+    print(report_pairs(data) if args.pairs else report(data))
     return 0
 
 

@@ -130,6 +130,19 @@ def test_every_word_and_segment_has_one_speaker(labelled, conversation):
     assert pairs == {("1089", "SPEAKER_00"), ("LJ", "SPEAKER_01")}
 
 
+def test_speaker_changes_from_the_voices_alone_lie_in_the_pauses_between_turns(conversation):
+    """Before any transcript (``multilingual`` cuts its speech there): one change between each two reference turns
+    of different speakers, inside the pause between them, and none elsewhere."""
+    from whisperane.audio import open_audio
+    from whisperane.diarize.pipeline import speaker_changes
+
+    path, turns = conversation
+    changes = [c / 16000 for c in speaker_changes(lambda: open_audio(str(path)))]
+    between = [(a[2], b[1]) for a, b in zip(turns, turns[1:], strict=False) if a[0] != b[0]]
+    assert len(changes) == len(between)
+    assert all(end - 0.2 <= change <= start + 0.2 for change, (end, start) in zip(changes, between, strict=True))
+
+
 def test_a_split_segment_keeps_its_own_tokens(tiny_en_bundle):
     """A segment split at a change of speaker: each piece holds the segment's own text tokens for its words (no
     encoding afresh), and a piece whose words are not its tokens' text is encoded."""

@@ -96,6 +96,15 @@ class Transcription:
             result = with_speakers(result, turns, self.model.tokenizer(result.language, self.options.task))
         self.result = result
 
+    def _speaker_changes(self) -> tuple[int, ...]:
+        """With diarize, where the speaker changes (samples), found from the voices before decoding: multilingual
+        then never decodes two speakers as one stretch of one language, however short the pause between them."""
+        if self._open_again is None:
+            return ()
+        from .diarize.pipeline import speaker_changes
+
+        return speaker_changes(self._open_again, self.options.speaker_count)
+
     def _windows(self) -> Generator[WindowDone, None, TranscriptionResult]:
         """Batched mode, the VAD-filtered loop or the default seek loop over the whole audio."""
         model, audio, options = self.model, self.audio, self.options
@@ -106,7 +115,7 @@ class Transcription:
         if options.multilingual:
             from .longform.multilingual import multilingual_windows  # imports the VAD: only for this mode
 
-            return (yield from multilingual_windows(model, lambda: open_audio(audio), options))
+            return (yield from multilingual_windows(model, lambda: open_audio(audio), options, self._speaker_changes()))
         if options.vad_filter:
             from .longform.vad_filter import speech_windows
 

@@ -5,21 +5,27 @@ region's start to its last one's end), in that language and prompted by no text 
 languages. Each segment carries
 its language. openai-whisper detects one language on the first 30 s and decodes everything in it (a later stretch
 in another language comes out translated); faster-whisper's ``multilingual`` detects per 30 s window, which still
-decodes a window holding two languages in one."""
+decodes a window holding two languages in one. Given where the speaker changes (``speaker_changes``: with diarize,
+found from the voices before decoding), a region is cut there too: two speakers answering each other with less than
+a pause between them are two regions, each with its own language."""
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
+
+import numpy as np
 
 from ..audio import SAMPLE_RATE, AudioStream
 from ..language import LanguageChoice, detect_language
 from ..options import TranscribeOptions
 from ..result import TranscriptionResult, result_from_segments
 from ..runtime.model import WhisperaneModel
-from ..vad.regions import VOICED, SpeechRegion, VadOptions, speech_regions
+from ..vad.regions import VOICED, WINDOW_SAMPLES, SpeechRegion, VadOptions, speech_regions
 from ..vad.silero import default_vad
 from ..vad.stream import SpeechStream
 from .seek import SeekLoop, WindowDone, empty_result
@@ -36,6 +42,10 @@ SWITCH_COST = 1.5
 # A run is decoded with up to this much of the pause before and after its speech: a decoding that starts right at
 # the VAD's onset can miss the first words.
 SPAN_PAD_SAMPLES = SAMPLE_RATE
+# A speaker change found from the voices (their windows are 1.6 s long) lies up to about half a window from the
+# change itself: a region is cut at the quietest moment within this reach of it, the pause between the two voices
+# where there is one, rather than inside a word.
+CHANGE_REACH_SAMPLES = 8 * SAMPLE_RATE // 10
 
 
 @dataclass(frozen=True)
@@ -50,14 +60,16 @@ class LanguageRun:
     span: SpeechRegion
 
 
-def multilingual_windows(model: WhisperaneModel, open_stream: Callable[[], AudioStream],
-                         options: TranscribeOptions) -> Generator[WindowDone, None, TranscriptionResult]:
+def multilingual_windows(model: WhisperaneModel, open_stream: Callable[[], AudioStream], options: TranscribeOptions,
+                         speaker_changes: Sequence[int] = ()) -> Generator[WindowDone, None, TranscriptionResult]:
     """The runs of one language each decoded in turn (a source opened once for the VAD and the languages, then once
     per run); after each run its segments, on the original audio; returns the result, whose language is the one
-    spoken longest."""
+    spoken longest. The speech regions are cut at ``speaker_changes`` (samples) before their languages are
+    detected."""
     with open_stream() as stream:
         probabilities, n_samples = default_vad().speech_probabilities(stream)
     regions = speech_regions(probabilities, n_samples, REGIONS)
+    regions = split_regions(regions, quietest_points(speaker_changes, probabilities, n_samples))
     duration = n_samples / SAMPLE_RATE
     if not regions:
         return empty_result(model, options, duration)
@@ -83,6 +95,34 @@ def multilingual_windows(model: WhisperaneModel, open_stream: Callable[[], Audio
     language = spoken.most_common(1)[0][0]
     return result_from_segments(segments, model.tokenizer(language, options.task), duration, None,
                                 options.word_timestamps)
+
+
+def split_regions(regions: Sequence[SpeechRegion], points: Sequence[int]) -> list[SpeechRegion]:
+    """``regions`` (in order) each cut in two at every point (samples) strictly inside it."""
+    cuts, out = sorted(points), []
+    for region in regions:
+        inside = cuts[bisect_right(cuts, region.start) : bisect_left(cuts, region.end)]
+        bounds = [region.start, *inside, region.end]
+        out += [SpeechRegion(a, b) for a, b in pairwise(bounds)]
+    return out
+
+
+def quietest_points(points: Sequence[int], probabilities: np.ndarray, n_samples: int) -> list[int]:
+    """Each point (samples) moved to the middle of the quietest VAD window within CHANGE_REACH_SAMPLES of it, the
+    probabilities averaged over three windows (a pause, not a stop consonant's dip) and taken to 0.01 (the nearest
+    of those as quiet)."""
+    quiet = np.round(np.convolve(probabilities, np.ones(3) / 3, mode="same"), 2)
+    out = []
+    for point in points:
+        low = max(0, (point - CHANGE_REACH_SAMPLES) // WINDOW_SAMPLES)
+        high = min(len(quiet), (point + CHANGE_REACH_SAMPLES) // WINDOW_SAMPLES + 1)
+        centres = np.arange(low, high) * WINDOW_SAMPLES + WINDOW_SAMPLES // 2
+        if not len(centres):
+            out.append(point)
+            continue
+        best = np.lexsort((np.abs(centres - point), quiet[low:high]))[0]
+        out.append(min(int(centres[best]), n_samples))
+    return out
 
 
 def region_languages(model: WhisperaneModel, stream: AudioStream, regions: Sequence[SpeechRegion]) -> list[str]:
@@ -139,4 +179,5 @@ def language_runs(regions: Sequence[SpeechRegion], languages: Sequence[str], n_s
     return runs
 
 
-__all__ = ["LanguageRun", "language_runs", "multilingual_windows", "region_languages", "smoothed_languages"]
+__all__ = ["LanguageRun", "language_runs", "multilingual_windows", "quietest_points", "region_languages",
+           "smoothed_languages", "split_regions"]
