@@ -18,7 +18,7 @@ from ..result import SpeakerTurn, TranscriptionResult
 from ..vad.regions import SpeechRegion
 from .clustering import SpeakerCount, centroids_of, cluster_windows
 from .encoder import SpeakerEncoder, default_encoder
-from .references import reference_embeddings, speaker_names
+from .references import KnownVoice, reference_embeddings, speaker_names
 from .speech import embedding_regions, speech_probabilities, speech_spans, vad_speech
 from .turns import speaker_turns
 from .windows import SpeechWindows, embed_speech, transcript_speech
@@ -36,14 +36,14 @@ def stream_opener(audio: str | os.PathLike | np.ndarray | AudioStream) -> Callab
 
 def diarize(open_stream: Callable[[], AudioStream], transcript: TranscriptionResult | None,
             count: SpeakerCount | None = None, encoder: SpeakerEncoder | None = None,
-            references: Mapping[str, np.ndarray] | None = None) -> tuple[SpeakerTurn, ...]:
+            references: Mapping[str, KnownVoice] | None = None) -> tuple[SpeakerTurn, ...]:
     """Who spoke when in the transcribed audio ``open_stream()`` opens (``transcript`` None: before any transcript,
     over the VAD's speech alone): speaker turns in time order, labelled with the name of the known speaker they match
     (``references``: ``known_speaker_embeddings``), the others SPEAKER_00, ... in order of first speech."""
     windows, speech = speech_windows(open_stream, transcript, encoder)
     clusters = cluster_windows(windows.embeddings, windows.chunks, count)
-    names = speaker_names(centroids_of(windows.embeddings.astype(np.float64), clusters), references) \
-        if references and len(clusters) else {}
+    centroids = centroids_of(windows.embeddings.astype(np.float64), clusters)
+    names = speaker_names(centroids, references, windows.band_mixed) if references and len(clusters) else {}
     return speaker_turns(windows, clusters, names, speech)
 
 
@@ -73,6 +73,6 @@ def speech_windows(open_stream: Callable[[], AudioStream], transcript: Transcrip
 
 
 def known_speaker_embeddings(known: Mapping[str, str | os.PathLike | np.ndarray],
-                             encoder: SpeakerEncoder | None = None) -> dict[str, np.ndarray]:
+                             encoder: SpeakerEncoder | None = None) -> dict[str, KnownVoice]:
     """The known speakers' reference embeddings, read before the transcription: a bad clip fails at once."""
     return reference_embeddings(known, encoder or default_encoder())

@@ -3,7 +3,8 @@
 whose centroid matches it: the pairs of cluster and reference taken best first, each name and each cluster once,
 a pair only when its cosine similarity reaches NAME_SIMILARITY and beats every other cluster for that reference and
 every other reference for that cluster by NAME_MARGIN. A reference that matches nobody is unused; a cluster that
-matches no reference keeps its SPEAKER_nn."""
+matches no reference keeps its SPEAKER_nn. A reference is embedded both as a full-band file's windows are and as a
+file's holding telephone-band speech (``windows.mixed_embeddings``), and matched as the file's windows were."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,8 +22,8 @@ from ..audio import SAMPLE_RATE, load_audio
 from ..errors import AudioError
 from .clustering import normalized
 from .encoder import SpeakerEncoder
-from .features import to_mels
-from .windows import WINDOW_HOP, WINDOW_SAMPLES, partial_power
+from .features import band_limited_filters, to_mels
+from .windows import TELEPHONE_BAND, WINDOW_HOP, WINDOW_SAMPLES, mixed_embeddings, partial_power
 
 # A clip of the same voice as a cluster lies a little higher than one of another, in general, but noise and a
 # telephone band bring the two together: a name needs both a similarity and a lead over every rival (measured on
@@ -33,15 +35,28 @@ MAX_VOICE = 30 * SAMPLE_RATE  # the voice embedded of a longer reference (OpenAI
 DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?:;[\w.+-]+=[\w.+-]+)*;base64,(?P<data>.*)", re.DOTALL)
 
 
+@dataclass(frozen=True)
+class KnownVoice:
+    """A reference clip's unit-length embeddings: as a full-band file's windows (``full_band``) and as a file's
+    holding telephone-band speech (``band_mixed``)."""
+
+    full_band: np.ndarray
+    band_mixed: np.ndarray
+
+    def as_windows(self, band_mixed: bool) -> np.ndarray:
+        return self.band_mixed if band_mixed else self.full_band
+
+
 def reference_embeddings(known: Mapping[str, str | os.PathLike | np.ndarray],
-                         encoder: SpeakerEncoder) -> dict[str, np.ndarray]:
-    """Each name's unit-length reference embedding; AudioError naming the first clip that is unreadable or holds
-    less than MIN_VOICE of voice."""
+                         encoder: SpeakerEncoder) -> dict[str, KnownVoice]:
+    """Each name's reference embeddings; AudioError naming the first clip that is unreadable or holds less than
+    MIN_VOICE of voice."""
     return {name: reference_embedding(name, clip, encoder) for name, clip in known.items()}
 
 
-def reference_embedding(name: str, clip: str | os.PathLike | np.ndarray, encoder: SpeakerEncoder) -> np.ndarray:
-    """The mean embedding of whole windows (WINDOW_HOP apart) over the clip's voice (Silero VAD, pauses removed)."""
+def reference_embedding(name: str, clip: str | os.PathLike | np.ndarray, encoder: SpeakerEncoder) -> KnownVoice:
+    """The mean embeddings of whole windows (WINDOW_HOP apart) over the clip's voice (Silero VAD, pauses
+    removed)."""
     from ..vad.regions import VOICED
     from ..vad.silero import get_speech_timestamps
 
@@ -57,16 +72,20 @@ def reference_embedding(name: str, clip: str | os.PathLike | np.ndarray, encoder
     voice = voice[:MAX_VOICE]
     count = 1 + (len(voice) - WINDOW_SAMPLES) // WINDOW_HOP
     starts = np.linspace(0, len(voice) - WINDOW_SAMPLES, count).round().astype(int)
-    mels = to_mels(np.stack([partial_power(voice[s : s + WINDOW_SAMPLES]) for s in starts]), encoder.mel_filters)
-    return normalized(encoder.embed(mels).astype(np.float64).mean(axis=0))
+    powers = np.stack([partial_power(voice[s : s + WINDOW_SAMPLES]) for s in starts])
+    full_band = encoder.embed(to_mels(powers, encoder.mel_filters))
+    telephone_band = encoder.embed(to_mels(powers, band_limited_filters(encoder.mel_filters, *TELEPHONE_BAND)))
+    return KnownVoice(normalized(full_band.astype(np.float64).mean(axis=0)),
+                      normalized(mixed_embeddings(full_band, telephone_band).astype(np.float64).mean(axis=0)))
 
 
-def speaker_names(centroids: np.ndarray, references: Mapping[str, np.ndarray]) -> dict[int, str]:
-    """{cluster index: name} for the clusters (unit ``centroids`` [k, dim]) that match a reference."""
+def speaker_names(centroids: np.ndarray, references: Mapping[str, KnownVoice], band_mixed: bool = False) -> dict[int, str]:
+    """{cluster index: name} for the clusters (unit ``centroids`` [k, dim]) that match a reference, the references
+    taken as the windows were embedded (``band_mixed``: ``SpeechWindows.band_mixed``)."""
     if not references or not len(centroids):
         return {}
     names = list(references)
-    similarity = centroids @ np.stack([references[n] for n in names]).T  # [clusters, references]
+    similarity = centroids @ np.stack([references[n].as_windows(band_mixed) for n in names]).T  # [clusters, references]
     out: dict[int, str] = {}
     for flat in np.argsort(-similarity, axis=None, kind="stable"):
         cluster, ref = divmod(int(flat), len(names))

@@ -60,6 +60,7 @@ class SpeechWindows:
     regions_of: np.ndarray
     embeddings: np.ndarray
     duration: float
+    band_mixed: bool = False  # embeddings are mixed_embeddings (the file holds telephone-band speech)
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -140,12 +141,19 @@ def embed_speech(open_stream: Callable[[], AudioStream], regions: tuple[SpeechRe
             embeddings[done : done + len(powers)] = encoder.embed(to_mels(powers, encoder.mel_filters))
             narrow[done : done + len(powers)] = band_edge_ratio(powers, NARROW_EDGE, NARROW_ABOVE) < NARROW_RATIO
             done += len(powers)
-    if len(narrow) and narrow.mean() >= NARROW_SHARE:
-        embeddings = embeddings + band_embeddings(open_stream, regions, per_region, encoder)
-        embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    band_mixed = bool(len(narrow)) and narrow.mean() >= NARROW_SHARE
+    if band_mixed:
+        embeddings = mixed_embeddings(embeddings, band_embeddings(open_stream, regions, per_region, encoder))
     spans = np.array([span for spans in per_region for span in spans], dtype=np.int64).reshape(-1, 2)
     regions_of = np.repeat(np.arange(len(regions)), [len(spans) for spans in per_region]).astype(np.int64)
-    return SpeechWindows(regions, spans, regions_of, embeddings, duration)
+    return SpeechWindows(regions, spans, regions_of, embeddings, duration, band_mixed)
+
+
+def mixed_embeddings(full_band: np.ndarray, telephone_band: np.ndarray) -> np.ndarray:
+    """The unit mean of each window's full-band and TELEPHONE_BAND embeddings [n, 256]: what a file holding
+    telephone-band speech embeds, its windows and the known speakers' references alike."""
+    mixed = full_band + telephone_band
+    return mixed / np.maximum(np.linalg.norm(mixed, axis=-1, keepdims=True), 1e-12)
 
 
 def band_embeddings(open_stream: Callable[[], AudioStream], regions: tuple[SpeechRegion, ...],
