@@ -3,6 +3,12 @@ against the same clip transcribed alone, pooled per language.
 
     python benchmarks/bench_multilingual.py --model base [--corpus ../shared/corpus] [--out results.json]
     python benchmarks/bench_multilingual.py --pairs [--repeats 3]
+    python benchmarks/bench_multilingual.py --file RECORDING
+
+``--file``: one real recording that changes language once (faster-whisper's ``tests/data/multilingual.mp3``: the
+MIT license read in English, then in German), cut at its longest pause (Silero VAD) into its two parts. Each part
+alone (its language detected) is the reference; the whole file by default and with ``multilingual``, each part's
+text (the segments whose middle falls on its side of the cut) scored against it, with the segments' languages.
 
 The files alternate the corpus's English clips with its clips in other languages, 1 s of silence between clips:
 one of short clips (the shorter half of the English ones), one of long ones. Each is transcribed by default
@@ -207,6 +213,44 @@ def report_pairs(data: dict) -> str:
     return "\n".join(lines)
 
 
+def run_file(model_name: str, path: Path) -> dict:
+    """The recording's two parts (cut at its longest pause) alone, then the whole by default and multilingual."""
+    import whisperane
+    from whisperane.audio import load_audio
+    from whisperane.vad.regions import VOICED
+    from whisperane.vad.silero import get_speech_timestamps
+
+    model, scorer = whisperane.load_model(model_name), Scorer()
+    audio = load_audio(str(path))
+    regions = get_speech_timestamps(audio, VOICED)
+    _, i = max((regions[k + 1].start - regions[k].end, k) for k in range(len(regions) - 1))
+    cut = (regions[i].end + regions[i + 1].start) // 2
+    alone = [whisperane.transcribe(part, model=model) for part in (audio[:cut], audio[cut:])]
+    data = {"model": model_name, "file": path.name, "cut_s": cut / SAMPLE_RATE, "load": loadavg(), "modes": {},
+            "alone": [{"language": a.language, "text": a.text} for a in alone]}
+    for mode, kwargs in (("file default", {}), ("file multilingual", {"multilingual": True})):
+        result = whisperane.transcribe(str(path), model=model, **kwargs)
+        parts = [[], []]
+        for s in result.segments:
+            parts[(s.start + s.end) / 2 * SAMPLE_RATE >= cut].append(s)
+        data["modes"][mode] = [
+            {"errors": scorer.errors(a.text, "".join(s.text for s in segs), a.language),
+             "languages": sorted({s.language or result.language for s in segs}), "text": "".join(s.text for s in segs)}
+            for a, segs in zip(alone, parts, strict=True)]
+    return data
+
+
+def report_file(data: dict) -> str:
+    lines = [f"model {data['model']}, {data['file']} cut at {data['cut_s']:.2f} s, load {data['load']}", "",
+             "| part (alone: language) | mode | errors against the part alone | segments' languages |", "|---|---|---|---|"]
+    for k, alone in enumerate(data["alone"]):
+        for mode, parts in data["modes"].items():
+            errors, total = parts[k]["errors"]
+            lines.append(f"| {k + 1} ({alone['language']}) | {mode} | {errors}/{total} ({pct(errors, total)} %) | "
+                         f"{', '.join(parts[k]['languages'])} |")
+    return "\n".join(lines)
+
+
 def report(data: dict) -> str:
     languages = sorted({lang for mode in data["errors"].values() for lang in mode}, key=lambda x: (x != "en", x))
     lines = [f"model {data['model']}, load {data['load']}", "",
@@ -226,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", action="store_true", help="two speakers in two languages a short pause apart: "
                    "multilingual with and without diarize")
     p.add_argument("--repeats", type=int, default=3, help="with --pairs: interleaved runs timing the pre-pass")
+    p.add_argument("--file", type=Path, help="a recording that changes language once: its parts in the file "
+                   "against the parts alone")
     args = p.parse_args(argv)
+    os.environ.setdefault("WHISPERANE_THREADS", "2")
+    if args.file:
+        data = run_file(args.model, args.file)
+        print(report_file(data))
+        return 0
     if not (args.corpus / "manifest.jsonl").is_file():
         print(f"no corpus at {args.corpus}", file=sys.stderr)
         return 2
