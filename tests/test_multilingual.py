@@ -81,14 +81,8 @@ def test_each_clip_in_its_own_language_as_well_as_alone(base_int8_model):
     audio = np.concatenate([piece for clip in clips for piece in (clip, pause)])
     result = whisperane.transcribe(audio, model=base_int8_model, multilingual=True)
     assert result.language == "en"  # spoken longest
-    for name, clip, start in zip(ORDER, clips, starts, strict=True):
-        end = start + len(clip) / SAMPLE_RATE
-        inside = [s for s in result.segments if start - 0.5 <= (s.start + s.end) / 2 <= end + 0.5]
-        language, reference = DATA_CLIPS[name][1], DATA_CLIPS[name][2]
-        assert inside and {s.language for s in inside} == {language}, (name, inside)
-        alone = whisperane.transcribe(clip, model=base_int8_model, language=language).text
-        # one word of a clip's 12 (8 points) may go either way at the cut around it
-        assert _wer("".join(s.text for s in inside), reference) <= _wer(alone, reference) + 0.09, (name, inside, alone)
+    # one word of a clip's 12 (8 points) may go either way at the cut around it
+    _each_clip_in_its_language(result, ORDER, clips, starts, 0.5, base_int8_model, 0.09)
     default = whisperane.transcribe(audio, model=base_int8_model)
     assert {s.language for s in default.segments} == {None}  # segments carry a language only in this mode
 
@@ -140,11 +134,17 @@ def test_with_diarize_two_speakers_a_short_pause_apart_keep_their_languages(base
     assert any(r.start < starts[1] < r.end for r in speech_regions(probabilities, n_samples, REGIONS))
     result = whisperane.transcribe(audio, model=base_int8_model, multilingual=True, diarize=True)
     assert result.speaker_turns and {s.language for s in result.segments} == {"es", "en", "de"}
-    for name, clip, start in zip(order, clips, starts / SAMPLE_RATE, strict=True):
+    # a word or two at the cut may go either way (JFK's 22 words: 5 points each, the others' 10-12: 8-10)
+    _each_clip_in_its_language(result, order, clips, starts / SAMPLE_RATE, 0.25, base_int8_model, 0.2)
+
+
+def _each_clip_in_its_language(result, names, clips, starts, slack: float, model, tolerance: float) -> None:
+    """Each clip's segments (their middles within ``slack`` s of it) carry its language, and their WER is at most
+    ``tolerance`` over the clip transcribed alone in that language."""
+    for name, clip, start in zip(names, clips, starts, strict=True):
         end = start + len(clip) / SAMPLE_RATE
-        inside = [s for s in result.segments if start - 0.25 <= (s.start + s.end) / 2 <= end + 0.25]
+        inside = [s for s in result.segments if start - slack <= (s.start + s.end) / 2 <= end + slack]
         language, reference = DATA_CLIPS[name][1], DATA_CLIPS[name][2]
         assert inside and {s.language for s in inside} == {language}, (name, inside)
-        alone = whisperane.transcribe(clip, model=base_int8_model, language=language).text
-        # a word or two at the cut may go either way (JFK's 22 words: 5 points each, the others' 10-12: 8-10)
-        assert _wer("".join(s.text for s in inside), reference) <= _wer(alone, reference) + 0.2, (name, inside, alone)
+        alone = whisperane.transcribe(clip, model=model, language=language).text
+        assert _wer("".join(s.text for s in inside), reference) <= _wer(alone, reference) + tolerance, (name, inside, alone)
