@@ -1,7 +1,7 @@
 """``multilingual`` on files that change language clip by clip: each clip's WER (CER for ja/zh/ko) inside the file
 against the same clip transcribed alone, pooled per language.
 
-    python benchmarks/bench_multilingual.py --model base [--corpus ../shared/corpus] [--out results.json]
+    python benchmarks/bench_multilingual.py --model base [--pauses 1.0,0.6,1.5] [--corpus ../shared/corpus] [--out J]
     python benchmarks/bench_multilingual.py --pairs [--repeats 3]
     python benchmarks/bench_multilingual.py --file RECORDING
 
@@ -10,8 +10,9 @@ MIT license read in English, then in German), cut at its longest pause (Silero V
 alone (its language detected) is the reference; the whole file by default and with ``multilingual``, each part's
 text (the segments whose middle falls on its side of the cut) scored against it, with the segments' languages.
 
-The files alternate the corpus's English clips with its clips in other languages, 1 s of silence between clips:
-one of short clips (the shorter half of the English ones), one of long ones. Each is transcribed by default
+The files alternate the corpus's English clips with its clips in other languages, 1 s of silence between clips
+(``--pauses``: each file once per pause, the clips pooled over them): one of short clips (the shorter half of the
+English ones), one of long ones. Each is transcribed by default
 (everything in the first window's language) and with ``multilingual=True``; each clip alone by default (its
 language detected) and with its language given. A clip's text in a file is that of the segments whose middle
 falls inside it (0.5 s of slack either side).
@@ -69,31 +70,34 @@ def clip_texts(result, spans) -> list[str]:
     return ["".join(s.text for s in result.segments if a - 0.5 <= (s.start + s.end) / 2 <= b + 0.5) for a, b in spans]
 
 
-def run(model_name: str, corpus: Path) -> dict:
+def run(model_name: str, corpus: Path, pauses: tuple[float, ...] = (PAUSE_S,)) -> dict:
+    """Each file of ``build_files`` built with each pause between its clips (a clip's text moves with where it
+    starts: several placements pool that out), transcribed by default and multilingual; each clip alone once."""
     import whisperane
 
     model = whisperane.load_model(model_name)
     scorer, clips = Scorer(), load_corpus(corpus)
     errors: dict[str, dict[str, list[int]]] = {m: defaultdict(lambda: [0, 0]) for m in MODES}
-    per_clip, timings = [], {}
-    for file_name, order in build_files(clips).items():
+    per_clip, timings, alone = [], {}, {}
+    for (file_name, order), pause in ((f, p) for f in build_files(clips).items() for p in pauses):
         audio, spans, t = [], [], 0.0
         for clip in order:
             samples = read_16k_mono(clip.path)
             spans.append((t, t + len(samples) / SAMPLE_RATE))
-            audio += [samples, np.zeros(int(PAUSE_S * SAMPLE_RATE), np.float32)]
-            t = spans[-1][1] + PAUSE_S
+            audio += [samples, np.zeros(int(pause * SAMPLE_RATE), np.float32)]
+            t = spans[-1][1] + pause
         audio = np.concatenate(audio)
         texts = {}
         for mode, options in (("file default", {}), ("file multilingual", {"multilingual": True})):
             started = time.monotonic()
             texts[mode] = clip_texts(model.transcribe(audio, **options), spans)
-            timings[f"{file_name} {mode}"] = round(time.monotonic() - started, 1)
+            timings[f"{file_name} {pause} s {mode}"] = round(time.monotonic() - started, 1)
         for i, clip in enumerate(order):
-            samples = read_16k_mono(clip.path)
-            row = {"file": file_name, "clip": clip.id, "language": clip.language,
-                   "alone (detected)": model.transcribe(samples).text,
-                   "alone (given)": model.transcribe(samples, language=clip.language).text,
+            if clip.id not in alone:
+                samples = read_16k_mono(clip.path)
+                alone[clip.id] = {"alone (detected)": model.transcribe(samples).text,
+                                  "alone (given)": model.transcribe(samples, language=clip.language).text}
+            row = {"file": file_name, "pause": pause, "clip": clip.id, "language": clip.language, **alone[clip.id],
                    "file default": texts["file default"][i], "file multilingual": texts["file multilingual"][i]}
             for mode in MODES:
                 e, n = scorer.errors(clip.text, row[mode], clip.language)
@@ -101,8 +105,8 @@ def run(model_name: str, corpus: Path) -> dict:
                 errors[mode][clip.language][1] += n
                 row[f"{mode} errors"] = [e, n]
             per_clip.append(row)
-    return {"model": model_name, "errors": {m: dict(v) for m, v in errors.items()}, "clips": per_clip,
-            "seconds": timings, "load": loadavg()}
+    return {"model": model_name, "pauses": list(pauses), "errors": {m: dict(v) for m, v in errors.items()},
+            "clips": per_clip, "seconds": timings, "load": loadavg()}
 
 
 def speech_of(clip) -> np.ndarray:
@@ -253,7 +257,7 @@ def report_file(data: dict) -> str:
 
 def report(data: dict) -> str:
     languages = sorted({lang for mode in data["errors"].values() for lang in mode}, key=lambda x: (x != "en", x))
-    lines = [f"model {data['model']}, load {data['load']}", "",
+    lines = [f"model {data['model']}, pauses {data.get('pauses')} s, load {data['load']}", "",
              "| language | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
     for lang in languages:
         cells = [pct(*data["errors"][mode][lang]) for mode in MODES]
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", action="store_true", help="two speakers in two languages a short pause apart: "
                    "multilingual with and without diarize")
     p.add_argument("--repeats", type=int, default=3, help="with --pairs: interleaved runs timing the pre-pass")
+    p.add_argument("--pauses", default=str(PAUSE_S), help="comma-separated pauses (s) between a file's clips: each "
+                   "file built once per pause, the clips' errors pooled over them")
     p.add_argument("--file", type=Path, help="a recording that changes language once: its parts in the file "
                    "against the parts alone")
     args = p.parse_args(argv)
@@ -282,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no corpus at {args.corpus}", file=sys.stderr)
         return 2
     os.environ.setdefault("WHISPERANE_THREADS", "2")
-    data = run_pairs(args.model, args.corpus, args.repeats) if args.pairs else run(args.model, args.corpus)
+    pauses = tuple(float(x) for x in args.pauses.split(","))
+    data = run_pairs(args.model, args.corpus, args.repeats) if args.pairs else run(args.model, args.corpus, pauses)
     if args.out:
         args.out.write_text(json.dumps(data, ensure_ascii=False, indent=1))
     print(report_pairs(data) if args.pairs else report(data))
