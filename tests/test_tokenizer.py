@@ -303,6 +303,34 @@ def test_decoding_matches_the_tokenizers_byte_level_decoder(checkpoint, tmp_path
     assert loaded == []  # decoding never loaded `tokenizers`
 
 
+def test_the_token_table_is_kept_beside_the_json(checkpoint, tmp_path, monkeypatch):
+    """The first load keeps the token table beside tokenizer.json; later loads read it and decode every token as the
+    JSON does; a damaged table is rebuilt, a changed JSON gets a table of its own (the old one removed), and a
+    directory that cannot be written still loads."""
+    from whisperane.tokenizer import TABLE_CACHE_PREFIX, Vocabulary
+
+    first = _runtime_tokenizer(checkpoint, tmp_path, "en")
+    (kept,) = tmp_path.glob(f"{TABLE_CACHE_PREFIX}*.bin")
+    path = tmp_path / "tokenizer.json"
+    from_json = first.vocabulary._table_from_json(path.read_bytes())
+    assert first.vocabulary.token_bytes == from_json and Vocabulary(path).token_bytes == from_json
+    whole = kept.read_bytes()
+    kept.write_bytes(whole[:-3])  # cut short
+    assert Vocabulary(path).token_bytes == from_json and kept.read_bytes() == whole  # rebuilt
+    changed = dict(checkpoint["tok"], model=dict(checkpoint["tok"]["model"], vocab={"a": 0, "Ġb": 1}))
+    path.write_text(json.dumps(changed), encoding="utf-8")
+    assert Vocabulary(path).token_bytes == [b"a", b" b"]
+    assert [p.name for p in tmp_path.glob(f"{TABLE_CACHE_PREFIX}*.bin")] != [kept.name]
+    def refused(path, write):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr("whisperane.tokenizer.atomic_write", refused)  # a read-only bundle (even as root)
+    other = tmp_path / "read-only"
+    other.mkdir()
+    (other / "tokenizer.json").write_text(json.dumps(changed), encoding="utf-8")
+    assert Vocabulary(other / "tokenizer.json").token_bytes == [b"a", b" b"] and not list(other.glob("*.bin"))
+
+
 def test_word_splitting_by_script(ct2_base_dir, tmp_path):
     checkpoint = {"tok": built_tokenizer(ct2_base_dir)}
     zh = _runtime_tokenizer(checkpoint, tmp_path, "zh")
