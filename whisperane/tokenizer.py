@@ -223,12 +223,15 @@ def _read_table(path: Path) -> list[bytes] | None:
     """The table a ``_write_table`` file holds, or None (absent, unreadable or damaged)."""
     try:
         data = path.read_bytes()
-        n = int.from_bytes(data[4:8], "little")
+    except OSError:
+        return None
+    n = int.from_bytes(data[4:8], "little")
+    try:
         ends = np.frombuffer(data, dtype="<u4", count=n, offset=8).tolist() if data[:4] == TABLE_MAGIC else None
-    except (OSError, ValueError):
+    except ValueError:  # shorter than its offsets
         return None
     blob = memoryview(data)[8 + 4 * n :]
-    if ends is None or (ends and ends[-1] != len(blob)) or (not ends and len(blob)):
+    if ends is None or (ends[-1] if ends else 0) != len(blob):
         return None
     return [bytes(blob[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
