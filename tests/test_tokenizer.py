@@ -307,10 +307,11 @@ def test_the_token_table_is_kept_beside_the_json(checkpoint, tmp_path, monkeypat
     """The first load keeps the token table beside tokenizer.json; later loads read it and decode every token as the
     JSON does; a damaged table is rebuilt, a changed JSON gets a table of its own (the old one removed), and a
     directory that cannot be written still loads."""
-    from whisperane.tokenizer import TABLE_CACHE_PREFIX, Vocabulary
+    from whisperane.token_table import TABLE_PREFIX
+    from whisperane.tokenizer import Vocabulary
 
     first = _runtime_tokenizer(checkpoint, tmp_path, "en")
-    (kept,) = tmp_path.glob(f"{TABLE_CACHE_PREFIX}*.bin")
+    (kept,) = tmp_path.glob(f"{TABLE_PREFIX}*.bin")
     path = tmp_path / "tokenizer.json"
     from_json = first.vocabulary._table_from_json(path.read_bytes())
     assert first.vocabulary.token_bytes == from_json and Vocabulary(path).token_bytes == from_json
@@ -320,11 +321,11 @@ def test_the_token_table_is_kept_beside_the_json(checkpoint, tmp_path, monkeypat
     changed = dict(checkpoint["tok"], model=dict(checkpoint["tok"]["model"], vocab={"a": 0, "Ġb": 1}))
     path.write_text(json.dumps(changed), encoding="utf-8")
     assert Vocabulary(path).token_bytes == [b"a", b" b"]
-    assert [p.name for p in tmp_path.glob(f"{TABLE_CACHE_PREFIX}*.bin")] != [kept.name]
+    assert [p.name for p in tmp_path.glob(f"{TABLE_PREFIX}*.bin")] != [kept.name]
     def refused(path, write):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("whisperane.tokenizer.atomic_write", refused)  # a read-only bundle (even as root)
+    monkeypatch.setattr("whisperane.token_table.atomic_write", refused)  # a read-only bundle (even as root)
     other = tmp_path / "read-only"
     other.mkdir()
     (other / "tokenizer.json").write_text(json.dumps(changed), encoding="utf-8")

@@ -13,16 +13,13 @@ from __future__ import annotations
 import json
 import string
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-
 from .audio import TIME_PRECISION
 from .errors import ModelError, WhisperaneError
-from .util import atomic_write
+from .token_table import read_table, table_path, write_table
 
 # Whisper's languages, in the order of their tokens (<|en|> first); yue exists only in large-v3's vocabulary.
 LANGUAGES = {
@@ -212,44 +209,6 @@ def _byte_decoder() -> dict[int, str]:
     return {char: chr(b) for b, char in stand_ins.items()}
 
 
-# The token table, once built from tokenizer.json, is kept beside it (named by the JSON's size and CRC-32): parsing
-# the JSON costs a short file's run more than its own time, holding the interpreter while the encoder's first window
-# runs, and leaves its garbage in the heap.
-TABLE_CACHE_PREFIX = ".tokenizer-table-"
-TABLE_MAGIC = b"WTT1"
-
-
-def _read_table(path: Path) -> list[bytes] | None:
-    """The table a ``_write_table`` file holds, or None (absent, unreadable or damaged)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    n = int.from_bytes(data[4:8], "little")
-    try:
-        ends = np.frombuffer(data, dtype="<u4", count=n, offset=8).tolist() if data[:4] == TABLE_MAGIC else None
-    except ValueError:  # shorter than its offsets
-        return None
-    blob = memoryview(data)[8 + 4 * n :]
-    if ends is None or (ends[-1] if ends else 0) != len(blob):
-        return None
-    return [bytes(blob[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-
-
-def _write_table(path: Path, table: list[bytes]) -> None:
-    """``table`` as TABLE_MAGIC, its length, each token's end offset (uint32) and the bytes; written atomically,
-    older tables beside it removed. A directory that cannot be written keeps no table."""
-    ends = np.cumsum([len(t) for t in table], dtype=np.uint64).astype("<u4")
-    try:
-        atomic_write(path, lambda f: f.write(TABLE_MAGIC + len(table).to_bytes(4, "little") + ends.tobytes()
-                                             + b"".join(table)))
-        for stale in path.parent.glob(f"{TABLE_CACHE_PREFIX}*.bin"):
-            if stale != path:
-                stale.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
 class Vocabulary:
     """A byte-level BPE ``tokenizer.json``: decoding from each token's bytes, encoding through `tokenizers`.
 
@@ -264,11 +223,11 @@ class Vocabulary:
             raw = self.path.read_bytes()
         except OSError as err:
             raise ModelError(f"{self.path}: cannot load the tokenizer: {err}") from None
-        cache = self.path.with_name(f"{TABLE_CACHE_PREFIX}{len(raw)}-{zlib.crc32(raw):08x}.bin")
-        table = _read_table(cache)
+        kept = table_path(self.path, raw)
+        table = read_table(kept)
         if table is None:
             table = self._table_from_json(raw)
-            _write_table(cache, table)
+            write_table(kept, table)
         self.token_bytes: list[bytes] = table
         self._backend = None
         self._lock = threading.Lock()
