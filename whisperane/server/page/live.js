@@ -32,7 +32,10 @@ async function startMic() {
   await checkAccess();
   let stream;
   try {
-    stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+    // The voice as the microphone hears it: the browser's call processing (noise suppression, gain control, echo
+    // cancellation) reshapes speech in ways Whisper was not trained on, and tiny.en then mishears words.
+    const raw = { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false };
+    stream = await navigator.mediaDevices.getUserMedia({ audio: raw });
   } catch (e) {
     throw new PageError("the microphone could not be opened (" + e.message + ")");
   }
