@@ -22,8 +22,8 @@ from ..audio import SAMPLE_RATE, load_audio
 from ..errors import AudioError
 from .clustering import normalized
 from .encoder import SpeakerEncoder
-from .features import band_limited_filters, to_mels
-from .windows import TELEPHONE_BAND, WINDOW_HOP, WINDOW_SAMPLES, mixed_embeddings, partial_power
+from .features import to_mels
+from .windows import WINDOW_HOP, WINDOW_SAMPLES, mixed_embeddings, partial_power, telephone_band_embeddings
 
 # A clip of the same voice as a cluster lies a little higher than one of another, in general, but noise and a
 # telephone band bring the two together: a name needs both a similarity and a lead over every rival (measured on
@@ -74,7 +74,7 @@ def reference_embedding(name: str, clip: str | os.PathLike | np.ndarray, encoder
     starts = np.linspace(0, len(voice) - WINDOW_SAMPLES, count).round().astype(int)
     powers = np.stack([partial_power(voice[s : s + WINDOW_SAMPLES]) for s in starts])
     full_band = encoder.embed(to_mels(powers, encoder.mel_filters))
-    telephone_band = encoder.embed(to_mels(powers, band_limited_filters(encoder.mel_filters, *TELEPHONE_BAND)))
+    telephone_band = telephone_band_embeddings(powers, encoder)
     return KnownVoice(normalized(full_band.astype(np.float64).mean(axis=0)),
                       normalized(mixed_embeddings(full_band, telephone_band).astype(np.float64).mean(axis=0)))
 

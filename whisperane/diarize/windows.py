@@ -159,10 +159,14 @@ def mixed_embeddings(full_band: np.ndarray, telephone_band: np.ndarray) -> np.nd
 def band_embeddings(open_stream: Callable[[], AudioStream], regions: tuple[SpeechRegion, ...],
                     per_region: list[list[tuple[int, int]]], encoder: SpeakerEncoder) -> np.ndarray:
     """The windows' embeddings [n, 256] of their TELEPHONE_BAND alone."""
-    filters = band_limited_filters(encoder.mel_filters, *TELEPHONE_BAND)
     with open_stream() as stream:
-        out = [encoder.embed(to_mels(powers, filters)) for powers in partial_powers(stream, regions, per_region)]
+        out = [telephone_band_embeddings(powers, encoder) for powers in partial_powers(stream, regions, per_region)]
     return np.concatenate(out) if out else np.zeros((0, EMBEDDING_SIZE), dtype=np.float32)
+
+
+def telephone_band_embeddings(powers: np.ndarray, encoder: SpeakerEncoder) -> np.ndarray:
+    """The embeddings [n, 256] of partials' power spectra [n, 160, 201] seen through TELEPHONE_BAND alone."""
+    return encoder.embed(to_mels(powers, band_limited_filters(encoder.mel_filters, *TELEPHONE_BAND)))
 
 
 def partial_powers(stream: AudioStream, regions: tuple[SpeechRegion, ...],
