@@ -2,6 +2,7 @@
 against the same clip transcribed alone, pooled per language.
 
     python benchmarks/bench_multilingual.py --model base [--pauses 1.0,0.6,1.5] [--corpus ../shared/corpus] [--out J]
+        [--extra DIR ...]
     python benchmarks/bench_multilingual.py --pairs [--repeats 3]
     python benchmarks/bench_multilingual.py --file RECORDING
 
@@ -15,7 +16,9 @@ The files alternate the corpus's English clips with its clips in other languages
 English ones), one of long ones. Each is transcribed by default
 (everything in the first window's language) and with ``multilingual=True``; each clip alone by default (its
 language detected) and with its language given. A clip's text in a file is that of the segments whose middle
-falls inside it (0.5 s of slack either side).
+falls inside it (0.5 s of slack either side). Every clip, in a file and alone, is at CLIP_LEVEL_DBFS.
+``--extra``: more folders in the corpus's layout (a manifest.jsonl of clips), their clips joined to the corpus's:
+with one clip per language, one word decides a language's figure.
 
 ``--pairs``: two speakers answering each other. Each clip in another language is paired with an English clip of
 another speaker, both cut to their speech (Silero VAD) and joined by PAIR_PAUSE_S, in both orders: a pause the VAD
@@ -44,6 +47,9 @@ from bench import Scorer, load_corpus, loadavg, pct, read_16k_mono  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_RATE = 16000
 PAUSE_S = 1.0
+# Each clip of a file is brought to one level, as one recording's voices are: the clips come from corpora recorded
+# 50 dB apart, and Silero VAD misses a voice 45-50 dB below the one a second before it.
+CLIP_LEVEL_DBFS = -23.0
 MODES = ("alone (detected)", "alone (given)", "file default", "file multilingual")
 PAIR_PAUSE_S = 0.25
 PAIR_MODES = ("alone (given)", "file multilingual", "file multilingual + diarize")
@@ -65,24 +71,29 @@ def build_files(clips) -> dict[str, list]:
     return files
 
 
+def at_level(samples: np.ndarray, dbfs: float = CLIP_LEVEL_DBFS) -> np.ndarray:
+    """``samples`` scaled to an RMS of ``dbfs``."""
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+    return (samples * (10 ** (dbfs / 20) / rms)).astype(np.float32) if rms > 0 else samples
+
+
 def clip_texts(result, spans) -> list[str]:
     """The text of the segments whose middle falls inside each span (seconds), in order."""
     return ["".join(s.text for s in result.segments if a - 0.5 <= (s.start + s.end) / 2 <= b + 0.5) for a, b in spans]
 
 
-def run(model_name: str, corpus: Path, pauses: tuple[float, ...] = (PAUSE_S,)) -> dict:
+def run(model_name: str, clips: list, pauses: tuple[float, ...] = (PAUSE_S,)) -> dict:
     """Each file of ``build_files`` built with each pause between its clips (a clip's text moves with where it
     starts: several placements pool that out), transcribed by default and multilingual; each clip alone once."""
     import whisperane
 
-    model = whisperane.load_model(model_name)
-    scorer, clips = Scorer(), load_corpus(corpus)
+    model, scorer = whisperane.load_model(model_name), Scorer()
     errors: dict[str, dict[str, list[int]]] = {m: defaultdict(lambda: [0, 0]) for m in MODES}
     per_clip, timings, alone = [], {}, {}
     for (file_name, order), pause in ((f, p) for f in build_files(clips).items() for p in pauses):
         audio, spans, t = [], [], 0.0
         for clip in order:
-            samples = read_16k_mono(clip.path)
+            samples = at_level(read_16k_mono(clip.path))
             spans.append((t, t + len(samples) / SAMPLE_RATE))
             audio += [samples, np.zeros(int(pause * SAMPLE_RATE), np.float32)]
             t = spans[-1][1] + pause
@@ -94,7 +105,7 @@ def run(model_name: str, corpus: Path, pauses: tuple[float, ...] = (PAUSE_S,)) -
             timings[f"{file_name} {pause} s {mode}"] = round(time.monotonic() - started, 1)
         for i, clip in enumerate(order):
             if clip.id not in alone:
-                samples = read_16k_mono(clip.path)
+                samples = at_level(read_16k_mono(clip.path))
                 alone[clip.id] = {"alone (detected)": model.transcribe(samples).text,
                                   "alone (given)": model.transcribe(samples, language=clip.language).text}
             row = {"file": file_name, "pause": pause, "clip": clip.id, "language": clip.language, **alone[clip.id],
@@ -258,10 +269,14 @@ def report_file(data: dict) -> str:
 def report(data: dict) -> str:
     languages = sorted({lang for mode in data["errors"].values() for lang in mode}, key=lambda x: (x != "en", x))
     lines = [f"model {data['model']}, pauses {data.get('pauses')} s, load {data['load']}", "",
-             "| language | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
+             "| language | clips | units | " + " | ".join(MODES) + " | multilingual - alone (detected) |",
+             "|---|---|---|" + "---|" * (len(MODES) + 1)]
     for lang in languages:
+        clips = len({row["clip"] for row in data["clips"] if row["language"] == lang})
         cells = [pct(*data["errors"][mode][lang]) for mode in MODES]
-        lines.append(f"| {lang} | " + " | ".join(cells) + " |")
+        gap = float(cells[MODES.index("file multilingual")]) - float(cells[MODES.index("alone (detected)")])
+        units = data["errors"]["alone (detected)"][lang][1]
+        lines.append(f"| {lang} | {clips} | {units} | " + " | ".join(cells) + f" | {gap:+.2f} |")
     lines += ["", "seconds: " + ", ".join(f"{k} {v}" for k, v in data["seconds"].items())]
     return "\n".join(lines)
 
@@ -278,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                    "file built once per pause, the clips' errors pooled over them")
     p.add_argument("--file", type=Path, help="a recording that changes language once: its parts in the file "
                    "against the parts alone")
+    p.add_argument("--extra", type=Path, action="append", default=[], help="a folder in the corpus's layout "
+                   "(manifest.jsonl) whose clips join the corpus's in the files (repeatable)")
     args = p.parse_args(argv)
     os.environ.setdefault("WHISPERANE_THREADS", "2")
     if args.file:
@@ -289,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("WHISPERANE_THREADS", "2")
     pauses = tuple(float(x) for x in args.pauses.split(","))
-    data = run_pairs(args.model, args.corpus, args.repeats) if args.pairs else run(args.model, args.corpus, pauses)
+    if args.pairs:
+        data = run_pairs(args.model, args.corpus, args.repeats)
+    else:
+        data = run(args.model, [c for d in (args.corpus, *args.extra) for c in load_corpus(d)], pauses)
     if args.out:
         args.out.write_text(json.dumps(data, ensure_ascii=False, indent=1))
     print(report_pairs(data) if args.pairs else report(data))
