@@ -301,10 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         data = run_file(args.model, args.file)
         print(report_file(data))
         return 0
-    if not (args.corpus / "manifest.jsonl").is_file():
-        print(f"no corpus at {args.corpus}", file=sys.stderr)
-        return 2
-    os.environ.setdefault("WHISPERANE_THREADS", "2")
+    for folder in (args.corpus, *args.extra):
+        if not (folder / "manifest.jsonl").is_file():
+            print(f"no corpus at {folder}", file=sys.stderr)
+            return 2
     pauses = tuple(float(x) for x in args.pauses.split(","))
     if args.pairs:
         data = run_pairs(args.model, args.corpus, args.repeats)
